@@ -1,0 +1,47 @@
+"""`dflash-train`: the trainer and the box's control plane in one command."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> (module under dflash_train.commands, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "prepare": ("prepare", "have the target answer prompts and write a tokenized dataset"),
+    "train": ("train", "train a DFlash drafter (runs in the foreground)"),
+    "export": ("export", "export a run or checkpoint in the z-lab DFlash layout"),
+    "eval": ("evaluate", "real speculative decoding with a drafter: tau, lossless check"),
+    "launch": ("launch", "start a detached, verified training run in RUN_DIR"),
+    "stop": ("stop", "SIGTERM the run's process group, SIGKILL after a timeout"),
+    "restart": ("restart", "stop, then launch again resuming from the newest checkpoint"),
+    "status": ("status", "running / finished / crashed / stalled, as JSON"),
+    "tail": ("tail", "the status stream from a cursor, optionally following"),
+    "gpus": ("gpus", "NVML readings of this box's GPUs"),
+    "set": ("set_setting", "change a live setting of a running trainer"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dflash-train",
+        description="Train DFlash drafters and control training runs. Control commands "
+        "print one JSON reply on stdout.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        module = importlib.import_module(f"dflash_train.commands.{module_name}")
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        module.configure(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args._module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

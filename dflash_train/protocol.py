@@ -1,0 +1,413 @@
+"""The contract between trainer and console: status-stream lines, control replies, live settings.
+
+Standard library only: the console imports this module and must never pull in torch.
+Decoding never raises; a bad line yields a `Rejected` with a reason the reader can count.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+# A line longer than this is refused before json parsing: a runaway writer must not
+# make the console allocate megabytes per line.
+MAX_LINE_BYTES = 1 << 20
+
+# ---------------------------------------------------------------------------------------
+# Status stream
+
+NUMBER = (int, float)
+OPT_NUMBER = (int, float, type(None))  # metrics may be null when not finite
+ENVELOPE: dict[str, tuple[type, ...]] = {
+    "v": (int,),
+    "seq": (int,),
+    "t": NUMBER,
+    "run": (str,),
+    "kind": (str,),
+}
+
+# kind -> required fields and their accepted JSON types. Extra fields are allowed and
+# kept, so a writer may add detail without a schema bump.
+KINDS: dict[str, dict[str, tuple[type, ...]]] = {
+    "run_start": {
+        "config": (dict,),
+        "topology": (dict,),
+        "dataset": (dict,),
+        "batches_per_epoch": (int,),
+        "total_steps": (int,),
+        "pid": (int,),
+        "host": (str,),
+    },
+    "step": {
+        "step": (int,),
+        "epoch": (int,),
+        "epoch_progress": NUMBER,
+        "loss": OPT_NUMBER,
+        "acc": OPT_NUMBER,
+        "tau": OPT_NUMBER,
+        "lr": NUMBER,
+        "grad_norm": OPT_NUMBER,
+        "tokens": (int,),
+        "ktok_s": NUMBER,
+    },
+    "queue": {
+        "hs_ready": (int,),
+        "hs_queue_depth": (int,),
+        "hs_min_ready": (int,),
+        "producer_wait": NUMBER,
+        "consumer_wait": NUMBER,
+        "starved": NUMBER,
+        "bucket_mix": (dict,),
+    },
+    "gpu": {
+        "available": (bool,),
+        "gpus": (list,),
+    },
+    "profile": {
+        "stages_ms": (dict,),
+        "allocator": (dict,),
+    },
+    "event": {
+        "level": (str,),
+        "message": (str,),
+        "code": (str,),
+    },
+    "checkpoint": {
+        "step": (int,),
+        "path": (str,),
+        "seconds": NUMBER,
+    },
+    "heartbeat": {},
+    "run_end": {
+        "reason": (str,),
+        "exit_code": (int,),
+    },
+}
+EVENT_LEVELS = ("info", "warning", "error")
+RUN_END_REASONS = ("completed", "signal", "error")
+GPU_FIELDS: dict[str, tuple[type, ...]] = {
+    "index": (int,),
+    "role": (str,),
+    "util": OPT_NUMBER,
+    "mem_used": OPT_NUMBER,
+    "mem_total": OPT_NUMBER,
+    "power_w": OPT_NUMBER,
+    "power_limit_w": OPT_NUMBER,
+    "temp_c": OPT_NUMBER,
+}
+
+
+@dataclass(frozen=True)
+class StatusLine:
+    """One decoded status-stream line. `fields` holds everything but the envelope."""
+
+    v: int
+    seq: int
+    t: float
+    run: str
+    kind: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.fields[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.fields.get(key, default)
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """Why a line was not accepted. `code` is stable (for counting), `reason` is for people."""
+
+    code: str
+    reason: str
+
+
+class EncodeError(ValueError):
+    pass
+
+
+def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
+    # bool is an int subclass in Python but never a valid count or number here.
+    if isinstance(value, bool) and bool not in types:
+        return False
+    return isinstance(value, types)
+
+
+def _type_names(types: tuple[type, ...]) -> str:
+    names = {int: "integer", float: "number", str: "string", dict: "object"}
+    names |= {list: "array", bool: "boolean", type(None): "null"}
+    return " or ".join(names.get(t, t.__name__) for t in types)
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(v) for v in value]
+    return value
+
+
+def _check_fields(kind: str, fields: Mapping[str, Any]) -> Rejected | None:
+    for name, types in KINDS[kind].items():
+        if name not in fields:
+            return Rejected("missing_field", f"{kind}: missing field {name!r}")
+        if not _type_ok(fields[name], types):
+            got = type(fields[name]).__name__
+            return Rejected(
+                "wrong_type", f"{kind}.{name}: expected {_type_names(types)}, got {got}"
+            )
+    if kind == "event" and fields["level"] not in EVENT_LEVELS:
+        return Rejected("bad_value", f"event.level: {fields['level']!r} not in {EVENT_LEVELS}")
+    if kind == "run_end" and fields["reason"] not in RUN_END_REASONS:
+        return Rejected(
+            "bad_value", f"run_end.reason: {fields['reason']!r} not in {RUN_END_REASONS}"
+        )
+    if kind == "gpu":
+        for i, gpu in enumerate(fields["gpus"]):
+            if not isinstance(gpu, dict):
+                return Rejected("wrong_type", f"gpu.gpus[{i}]: expected object")
+            for name, types in GPU_FIELDS.items():
+                if name in gpu and not _type_ok(gpu[name], types):
+                    return Rejected(
+                        "wrong_type", f"gpu.gpus[{i}].{name}: expected {_type_names(types)}"
+                    )
+            if "index" not in gpu:
+                return Rejected("missing_field", f"gpu.gpus[{i}]: missing field 'index'")
+    return None
+
+
+def encode_line(kind: str, *, seq: int, run: str, t: float | None = None, **fields: Any) -> str:
+    """Build one status line (with its trailing newline). Raises EncodeError on a bad record:
+    the writer is our own code, so a bad record is a bug to surface, not to skip."""
+    if kind not in KINDS:
+        raise EncodeError(f"unknown kind {kind!r}")
+    clash = set(fields) & set(ENVELOPE)
+    if clash:
+        raise EncodeError(f"{kind}: field names clash with the envelope: {sorted(clash)}")
+    clean = _finite_or_none(fields)
+    problem = _check_fields(kind, clean)
+    if problem is not None:
+        raise EncodeError(problem.reason)
+    record = {"v": SCHEMA_VERSION, "seq": seq, "t": time.time() if t is None else t}
+    record |= {"run": run, "kind": kind, **clean}
+    return json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
+
+
+def decode_line(raw: str | bytes) -> StatusLine | Rejected:
+    """Decode one line; never raises."""
+    if isinstance(raw, bytes):
+        if len(raw) > MAX_LINE_BYTES:
+            return Rejected("too_long", f"line of {len(raw)} bytes exceeds {MAX_LINE_BYTES}")
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return Rejected("not_utf8", f"not UTF-8: {exc.reason} at byte {exc.start}")
+    if len(raw) > MAX_LINE_BYTES:
+        return Rejected("too_long", f"line of {len(raw)} characters exceeds {MAX_LINE_BYTES}")
+    text = raw.strip()
+    if not text:
+        return Rejected("empty", "empty line")
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        return Rejected("malformed_json", f"malformed JSON: {exc}")
+    if not isinstance(obj, dict):
+        return Rejected("not_object", f"expected a JSON object, got {type(obj).__name__}")
+    for name, types in ENVELOPE.items():
+        if name not in obj:
+            return Rejected("missing_field", f"missing envelope field {name!r}")
+        if not _type_ok(obj[name], types):
+            return Rejected("wrong_type", f"envelope.{name}: expected {_type_names(types)}")
+    if obj["v"] > SCHEMA_VERSION:
+        return Rejected(
+            "newer_version", f"schema v{obj['v']} is newer than this reader (v{SCHEMA_VERSION})"
+        )
+    if obj["v"] < 1:
+        return Rejected("bad_value", f"schema version {obj['v']} is not valid")
+    if obj["seq"] < 0:
+        return Rejected("bad_value", "seq must not be negative")
+    kind = obj["kind"]
+    if kind not in KINDS:
+        return Rejected("unknown_kind", f"unknown kind {kind!r}")
+    fields = {k: v for k, v in obj.items() if k not in ENVELOPE}
+    problem = _check_fields(kind, fields)
+    if problem is not None:
+        return problem
+    return StatusLine(obj["v"], obj["seq"], float(obj["t"]), obj["run"], kind, fields)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+# ---------------------------------------------------------------------------------------
+# Live settings (control.json)
+
+
+@dataclass(frozen=True)
+class IntSetting:
+    name: str
+    minimum: int
+    maximum: int
+    # When set, the upper bound is the current value of this other setting.
+    maximum_from: str | None = None
+    help: str = ""
+
+
+LIVE_SETTINGS: dict[str, IntSetting] = {
+    "hs_queue_depth": IntSetting(
+        "hs_queue_depth", 1, 4096, help="most hidden-state batches held ready"
+    ),
+    "hs_min_ready": IntSetting(
+        "hs_min_ready",
+        1,
+        4096,
+        maximum_from="hs_queue_depth",
+        help="ready batches needed before the drafter draws one at random",
+    ),
+}
+DEFAULT_SETTINGS: dict[str, int] = {"hs_queue_depth": 8, "hs_min_ready": 2}
+
+
+class SettingError(ValueError):
+    """A one-line, operator-facing reason naming the setting."""
+
+
+def parse_setting_value(key: str, raw: str | int) -> int:
+    if key not in LIVE_SETTINGS:
+        known = ", ".join(sorted(LIVE_SETTINGS))
+        raise SettingError(f"{key}: unknown setting (known: {known})")
+    if isinstance(raw, bool):
+        raise SettingError(f"{key}: expected an integer, got a boolean")
+    if isinstance(raw, int):
+        return raw
+    text = str(raw).strip()
+    try:
+        return int(text, 10)
+    except ValueError:
+        shown = text if len(text) <= 40 else text[:40] + "…"
+        raise SettingError(f"{key}: expected an integer, got {shown!r}") from None
+
+
+def validate_settings(
+    updates: Mapping[str, str | int], current: Mapping[str, int]
+) -> dict[str, int]:
+    """Parse and check `updates` against `current` (the values in force). The checks use the
+    merged result, so `hs_queue_depth=90 hs_min_ready=30` is judged as a pair."""
+    parsed = {key: parse_setting_value(key, raw) for key, raw in updates.items()}
+    merged = {**DEFAULT_SETTINGS, **current, **parsed}
+    for key in parsed:
+        spec = LIVE_SETTINGS[key]
+        value = merged[key]
+        upper = spec.maximum
+        if spec.maximum_from is not None:
+            upper = min(upper, merged[spec.maximum_from])
+        if not spec.minimum <= value <= upper:
+            bound = f"{spec.maximum_from}={upper}" if spec.maximum_from else str(upper)
+            raise SettingError(f"{key}: {value} is out of range {spec.minimum}..{bound}")
+    # A new depth may strand the current min-ready above it.
+    dependant = [s for s in LIVE_SETTINGS.values() if s.maximum_from in parsed]
+    for spec in dependant:
+        if merged[spec.name] > merged[spec.maximum_from]:  # type: ignore[index]
+            raise SettingError(
+                f"{spec.maximum_from}: {merged[spec.maximum_from]} is below "  # type: ignore[index]
+                f"{spec.name}={merged[spec.name]}; lower {spec.name} too"
+            )
+    return parsed
+
+
+@dataclass(frozen=True)
+class ControlFile:
+    """control.json: a revision number the trainer acknowledges, and the wanted settings."""
+
+    rev: int
+    settings: Mapping[str, int]
+
+    def to_json(self) -> str:
+        return json.dumps({"v": SCHEMA_VERSION, "rev": self.rev, "settings": dict(self.settings)})
+
+
+def decode_control(text: str) -> ControlFile | Rejected:
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        return Rejected("malformed_json", f"control.json: malformed JSON: {exc}")
+    if not isinstance(obj, dict):
+        return Rejected("not_object", "control.json: expected an object")
+    if not _type_ok(obj.get("rev"), (int,)):
+        return Rejected("wrong_type", "control.json: rev must be an integer")
+    settings = obj.get("settings")
+    if not isinstance(settings, dict):
+        return Rejected("wrong_type", "control.json: settings must be an object")
+    for key, value in settings.items():
+        if key not in LIVE_SETTINGS:
+            return Rejected("unknown_setting", f"control.json: unknown setting {key!r}")
+        if not _type_ok(value, (int,)):
+            return Rejected("wrong_type", f"control.json: {key} must be an integer")
+    return ControlFile(obj["rev"], settings)
+
+
+# ---------------------------------------------------------------------------------------
+# Control-plane replies: every subcommand prints exactly one of these (tail and
+# `gpus --follow` stream status lines / readings instead).
+
+COMMANDS = ("launch", "stop", "restart", "status", "tail", "gpus", "set", "export", "eval")
+RUN_STATES = ("running", "finished", "crashed", "stalled", "not_started")
+
+
+@dataclass(frozen=True)
+class Reply:
+    command: str
+    ok: bool
+    data: Mapping[str, Any] = field(default_factory=dict)
+    error_code: str | None = None
+    error: str | None = None
+
+    def to_json(self) -> str:
+        record: dict[str, Any] = {"v": SCHEMA_VERSION, "command": self.command, "ok": self.ok}
+        if not self.ok:
+            record["error_code"] = self.error_code
+            record["error"] = self.error
+        record |= _finite_or_none(dict(self.data))
+        return json.dumps(record, allow_nan=False)
+
+
+def reply_ok(command: str, **data: Any) -> Reply:
+    return Reply(command, True, data)
+
+
+def reply_error(command: str, code: str, message: str, **data: Any) -> Reply:
+    return Reply(command, False, data, code, message)
+
+
+def decode_reply(text: str | bytes) -> Reply | Rejected:
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return Rejected("empty", "no reply on stdout")
+    try:
+        obj = json.loads(lines[-1])
+    except ValueError as exc:
+        return Rejected("malformed_json", f"reply is not JSON: {exc}: {lines[-1][:200]!r}")
+    if not isinstance(obj, dict):
+        return Rejected("not_object", "reply is not a JSON object")
+    if not _type_ok(obj.get("v"), (int,)) or obj["v"] > SCHEMA_VERSION:
+        return Rejected("newer_version", f"reply schema {obj.get('v')!r} not understood")
+    if not isinstance(obj.get("command"), str) or not isinstance(obj.get("ok"), bool):
+        return Rejected("missing_field", "reply lacks command/ok")
+    data = {k: v for k, v in obj.items() if k not in ("v", "command", "ok", "error", "error_code")}
+    if obj["ok"]:
+        return Reply(obj["command"], True, data)
+    code, message = obj.get("error_code"), obj.get("error")
+    if not isinstance(code, str) or not isinstance(message, str):
+        return Rejected("missing_field", "failed reply lacks error_code/error")
+    return Reply(obj["command"], False, data, code, message)

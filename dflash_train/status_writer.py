@@ -1,0 +1,66 @@
+"""Appends protocol lines to status.jsonl. One instance per trainer; thread-safe so the
+monitor thread (the designated writer) and the main thread's start/end lines cannot
+interleave half lines. Stdlib only."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from dflash_train import protocol
+
+
+def last_record(path: Path, *, max_tail_bytes: int = 1 << 20) -> protocol.StatusLine | None:
+    """The last well-formed line of a stream, reading only its tail."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_tail_bytes))
+            chunk = fh.read()
+    except FileNotFoundError:
+        return None
+    for raw in reversed(chunk.split(b"\n")):
+        decoded = protocol.decode_line(raw)
+        if isinstance(decoded, protocol.StatusLine):
+            return decoded
+    return None
+
+
+class StatusWriter:
+    """Writes lines for run `run_id`. When the stream already holds lines of the same run
+    (a resumed run), seq continues after the last one so readers' cursors stay valid."""
+
+    def __init__(self, path: Path, run_id: str) -> None:
+        self.path = path
+        self.run_id = run_id
+        self._lock = threading.Lock()
+        last = last_record(path)
+        self._seq = last.seq + 1 if last is not None and last.run == run_id else 0
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if last is not None and last.run != run_id and path.exists():
+            # A new run in the same directory: keep the old stream beside it, start afresh,
+            # so readers see a shrunken file with a new run id.
+            path.rename(path.with_name(f"status.{last.run}.jsonl"))
+        self._fh = path.open("ab", buffering=0)
+        self.last_write = 0.0
+
+    @property
+    def next_seq(self) -> int:
+        return self._seq
+
+    def write(self, kind: str, **fields: Any) -> int:
+        with self._lock:
+            line = protocol.encode_line(kind, seq=self._seq, run=self.run_id, **fields)
+            # One write() of the whole line: O_APPEND makes it land whole.
+            self._fh.write(line.encode("utf-8"))
+            self.last_write = time.monotonic()
+            self._seq += 1
+            return self._seq - 1
+
+    def close(self) -> None:
+        with self._lock:
+            self._fh.close()
