@@ -1,0 +1,112 @@
+"""Fixtures for the console's tests: a client key, the pct shim, an in-process asyncssh
+server (per test, in the test's event loop) and one OpenSSH sshd shared by the session."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncssh
+import pytest
+
+from dflash_tui.sources.known_hosts import trust_host_key
+from dflash_tui.sources.transport import SshTransport
+from tests.sshd import (
+    LOOPBACK,
+    ClientKey,
+    InProcessServer,
+    OpenSshServer,
+    make_client_key,
+    make_shim_dir,
+)
+
+PCT_PREFIX = ("pct", "exec", "200", "--")
+
+
+@pytest.fixture(scope="session")
+def ssh_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ssh")
+
+
+@pytest.fixture(scope="session")
+def client_key(ssh_home: Path) -> ClientKey:
+    return make_client_key(ssh_home)
+
+
+@pytest.fixture(scope="session")
+def shim_dir(ssh_home: Path) -> Path:
+    return make_shim_dir(ssh_home)
+
+
+@pytest.fixture(scope="session")
+def openssh_server(
+    ssh_home: Path, client_key: ClientKey, shim_dir: Path
+) -> Iterator[OpenSshServer]:
+    assert shutil.which("/usr/sbin/sshd"), (
+        "OpenSSH server is required: apt-get install openssh-server"
+    )
+    server = OpenSshServer(ssh_home / "sshd", shim_dir)
+    server.start(client_key)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def inproc_server(
+    tmp_path: Path, client_key: ClientKey, shim_dir: Path
+) -> AsyncIterator[InProcessServer]:
+    workdir = tmp_path / "remote-cwd"
+    workdir.mkdir()
+    server = InProcessServer(asyncssh.generate_private_key("ssh-ed25519"), shim_dir, workdir)
+    await server.start(client_key)
+    yield server
+    await server.close()
+
+
+def trusted_known_hosts(path: Path, port: int, key: asyncssh.SSHKey) -> Path:
+    trust_host_key(LOOPBACK, port, key, path)
+    return path
+
+
+def transport_to(
+    port: int,
+    key: ClientKey,
+    known_hosts: Path,
+    *,
+    exec_prefix: tuple[str, ...] = PCT_PREFIX,
+    jump: str | None = None,
+) -> SshTransport:
+    return SshTransport(
+        LOOPBACK,
+        port=port,
+        username="root",
+        exec_prefix=exec_prefix,
+        jump=jump,
+        known_hosts=known_hosts,
+        config_path=None,
+        client_keys=[key.private_path],
+        keepalive_interval=2,
+        connect_timeout=5,
+    )
+
+
+@pytest.fixture
+def inproc_transport(
+    inproc_server: InProcessServer, client_key: ClientKey, tmp_path: Path
+) -> SshTransport:
+    known = trusted_known_hosts(
+        tmp_path / "known_hosts", inproc_server.port, inproc_server.host_key
+    )
+    return transport_to(inproc_server.port, client_key, known)
+
+
+@pytest.fixture
+def openssh_transport(
+    openssh_server: OpenSshServer, client_key: ClientKey, tmp_path: Path
+) -> SshTransport:
+    assert openssh_server.host_key is not None
+    known = trusted_known_hosts(
+        tmp_path / "known_hosts", openssh_server.port, openssh_server.host_key
+    )
+    return transport_to(openssh_server.port, client_key, known)
