@@ -29,6 +29,7 @@ class PoolStats:
     consumer_wait_s: float
     puts: int
     takes: int
+    starved_takes: int
     bucket_mix: dict[str, int]
 
 
@@ -51,6 +52,7 @@ class HiddenStatePool(Generic[T]):
         self._consumer_wait = 0.0
         self._puts = 0
         self._takes = 0
+        self._starved_takes = 0
 
     # -- producers -------------------------------------------------------------------
     def put(self, item: T, bucket: str = "") -> None:
@@ -103,7 +105,11 @@ class HiddenStatePool(Generic[T]):
                         return None
                     self._cond.wait(0.1)
             finally:
-                self._consumer_wait += time.perf_counter() - start
+                waited = time.perf_counter() - start
+                self._consumer_wait += waited
+                # A take that had to wait means the drafter sat idle: it was starved.
+                if waited > 1e-3:
+                    self._starved_takes += 1
             index = self._rng.randrange(len(self._items))
             # Swap-remove keeps take O(1); order inside the pool carries no meaning.
             self._items[index], self._items[-1] = self._items[-1], self._items[index]
@@ -148,5 +154,6 @@ class HiddenStatePool(Generic[T]):
                 consumer_wait_s=self._consumer_wait,
                 puts=self._puts,
                 takes=self._takes,
+                starved_takes=self._starved_takes,
                 bucket_mix=dict(mix),
             )

@@ -1,0 +1,210 @@
+"""One optimizer step of the drafter on a hidden-state batch, with every figure kept on
+the device: non-finite steps are skipped by a found-inf flag inside the fused AdamW
+kernel, and metrics accumulate in a device buffer the monitor copies out asynchronously."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from dflash_train.pipeline.sources import HiddenBatch
+    from dflash_train.pipeline.stage_timers import StageTimers
+
+# Layout of the metrics buffer: scalars, then slot_correct[B-1], then slot_total[B-1].
+LOSS_SUM, GRAD_NORM_SUM, STEPS, GOOD_STEPS, BAD_STEPS, MAX_STREAK = range(6)
+N_SCALARS = 6
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    lr: float
+    weight_decay: float
+    warmup_steps: int
+    total_steps: int
+    grad_clip: float
+    block_size: int
+    num_anchors: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """Host copies of one log interval's sums, valid once `ready` has completed."""
+
+    values: torch.Tensor
+    ready: Any | None
+
+    def wait(self) -> list[float]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.values.tolist()
+
+
+def anchor_seed(seed: int, epoch: int, position: int) -> int:
+    """Anchors depend only on (seed, epoch, batch position): the same batch gets the same
+    anchors whatever order it is drawn in and whether the run was resumed."""
+    return (seed * 1_000_003 + epoch * 100_003 + position) % (2**63 - 1)
+
+
+class DrafterStepper:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        drafter: torch.nn.Module,
+        *,
+        embed_tokens: torch.nn.Module,
+        lm_head: torch.nn.Module,
+        config: StepConfig,
+        device: torch.device,
+        timers: StageTimers,
+    ) -> None:
+        import torch
+        from transformers import get_cosine_schedule_with_warmup
+
+        self.model = model  # the DDP wrapper when distributed, else the drafter itself
+        self.drafter = drafter
+        self.embed_tokens = embed_tokens
+        self.lm_head = lm_head
+        self.config = config
+        self.device = device
+        self.timers = timers
+        params = [p for p in drafter.parameters() if p.requires_grad]
+        self.params = params
+        self.optimizer = torch.optim.AdamW(
+            params, lr=config.lr, weight_decay=config.weight_decay, fused=True
+        )
+        self.scheduler = get_cosine_schedule_with_warmup(
+            self.optimizer, config.warmup_steps, max(1, config.total_steps)
+        )
+        slots = config.block_size - 1
+        self._metrics = torch.zeros(N_SCALARS + 2 * slots, device=device, dtype=torch.float32)
+        self._streak = torch.zeros((), device=device, dtype=torch.float32)
+        self._pinned = device.type == "cuda"
+        self._generator = torch.Generator(device=device)
+        self._last_lr = float(self.scheduler.get_last_lr()[0])
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the latest step used."""
+        return self._last_lr
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        import torch
+
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def step(self, batch: HiddenBatch, epoch: int) -> None:
+        import torch
+
+        from dflash_train.dflash_loss import dflash_forward_loss, sample_anchors
+
+        cfg = self.config
+        self._generator.manual_seed(anchor_seed(cfg.seed, epoch, batch.position))
+        with self.timers.time("drafter_fwd_bwd", self.device):
+            anchors, valid = sample_anchors(
+                batch.loss_mask, cfg.num_anchors, cfg.block_size, self._generator
+            )
+            with self._autocast():
+                out = dflash_forward_loss(
+                    self.model,
+                    self.embed_tokens,
+                    self.lm_head,
+                    batch.context,
+                    batch.input_ids,
+                    batch.loss_mask,
+                    anchors,
+                    valid,
+                )
+            out.loss.backward()
+        with self.timers.time("optimizer", self.device):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip, foreach=True)
+            loss = out.loss.detach().float()
+            bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+            # The fused kernel reads this flag on the device and leaves weights, moments and
+            # its step count untouched when it is set: a skipped step without a host sync.
+            self.optimizer.found_inf = bad.float().reshape(())
+            self._last_lr = float(self.optimizer.param_groups[0]["lr"])
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scheduler.step()
+            self._accumulate(loss, grad_norm.float(), bad, out)
+
+    def _accumulate(
+        self, loss: torch.Tensor, grad_norm: torch.Tensor, bad: torch.Tensor, out: Any
+    ) -> None:
+        import torch
+
+        good = (~bad).float()
+        zero = torch.zeros((), device=self.device)
+        self._streak.mul_(bad.float()).add_(bad.float())
+        m = self._metrics
+        slots = self.config.block_size - 1
+        m[LOSS_SUM] += torch.where(bad, zero, loss)
+        m[GRAD_NORM_SUM] += torch.where(bad, zero, grad_norm)
+        m[STEPS] += 1.0
+        m[GOOD_STEPS] += good
+        m[BAD_STEPS] += bad.float()
+        m[MAX_STREAK] = torch.maximum(m[MAX_STREAK], self._streak)
+        correct = out.slot_correct.detach().float()
+        total = out.slot_total.detach().float()
+        m[N_SCALARS : N_SCALARS + slots] += torch.where(bad, 0.0, correct)
+        m[N_SCALARS + slots :] += torch.where(bad, 0.0, total)
+
+    def snapshot(self) -> MetricsSnapshot:
+        """Start copying the interval's sums to the host and reset them (no host sync)."""
+        import torch
+
+        if self._pinned:
+            host = torch.empty(self._metrics.shape, dtype=torch.float32, pin_memory=True)
+            host.copy_(self._metrics, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+        else:
+            host, event = self._metrics.clone(), None
+        self._metrics.zero_()
+        return MetricsSnapshot(host, event)
+
+    def state_dicts(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self.optimizer.state_dict(), self.scheduler.state_dict()
+
+    def load_state_dicts(self, optimizer: dict[str, Any], scheduler: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(optimizer)
+        self.scheduler.load_state_dict(scheduler)
+
+
+@dataclass(frozen=True)
+class IntervalFigures:
+    """A decoded log interval, in host numbers (None where no good step happened)."""
+
+    loss: float | None
+    grad_norm: float | None
+    steps: int
+    bad_steps: int
+    max_streak: int
+    slot_acc: list[float]
+
+    @property
+    def acc(self) -> float | None:
+        return sum(self.slot_acc) / len(self.slot_acc) if self.slot_acc else None
+
+
+def decode_interval(values: list[float], block_size: int) -> IntervalFigures:
+    slots = block_size - 1
+    good = values[GOOD_STEPS]
+    correct = values[N_SCALARS : N_SCALARS + slots]
+    total = values[N_SCALARS + slots : N_SCALARS + 2 * slots]
+    slot_acc = [c / t if t > 0 else 0.0 for c, t in zip(correct, total, strict=True)]
+    return IntervalFigures(
+        loss=values[LOSS_SUM] / good if good else None,
+        grad_norm=values[GRAD_NORM_SUM] / good if good else None,
+        steps=int(values[STEPS]),
+        bad_steps=int(values[BAD_STEPS]),
+        max_streak=int(values[MAX_STREAK]),
+        slot_acc=slot_acc if any(t > 0 for t in total) else [],
+    )

@@ -1,0 +1,182 @@
+"""The target side of the pipeline: one forward of the frozen target on a batch, and the
+worker thread per target device that feeds the HiddenStatePool on its own CUDA stream."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import sys
+import threading
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dflash_train.pipeline.pool import HiddenStatePool, PoolClosed
+
+if TYPE_CHECKING:
+    import torch
+
+    from dflash_train.data.buckets import Batch
+    from dflash_train.pipeline.stage_timers import StageTimers
+    from dflash_train.targets import Target
+
+
+@dataclass(frozen=True)
+class HiddenBatch:
+    """A batch ready for the drafter: tensors on the drafter device, `context` the target's
+    selected hidden states; `ready` is the CUDA event the drafter's stream must wait on."""
+
+    position: int
+    bucket: int
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    context: torch.Tensor
+    tokens: int
+    ready: Any | None = None
+
+    def wait_ready(self, device: torch.device) -> None:
+        """Order the drafter's stream after the producer's copy; mark the tensors as used
+        on that stream so the allocator does not recycle them early."""
+        if self.ready is None:
+            return
+        import torch
+
+        stream = torch.cuda.current_stream(device)
+        stream.wait_event(self.ready)
+        for tensor in (self.input_ids, self.attention_mask, self.loss_mask, self.context):
+            tensor.record_stream(stream)
+
+
+@dataclass(frozen=True)
+class LoadedBatch:
+    """A collated host batch and where it sits in the epoch's order."""
+
+    position: int
+    batch: Batch
+    tokens: int
+
+
+def forward_to_drafter(
+    target: Target,
+    item: LoadedBatch,
+    layer_ids: Sequence[int],
+    drafter_device: torch.device,
+    timers: StageTimers,
+    stream: Any | None = None,
+) -> HiddenBatch:
+    """Target forward on `target`'s device, then the hand-over copy to the drafter device.
+    With `stream` (CUDA) all of it is queued on that stream and an event marks completion."""
+    import torch
+
+    device = target.device
+    on_cuda = device.type == "cuda"
+    ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+    with ctx:
+        batch = item.batch.to(device, non_blocking=on_cuda)
+        with timers.time("target_fwd", device):
+            hidden = _extract(target, batch, layer_ids)
+        with timers.time("copy", device):
+            # Outside inference mode, so the drafter may keep the context for backward.
+            if hidden.device == drafter_device:
+                context = hidden.clone()
+            else:
+                context = hidden.to(drafter_device, non_blocking=on_cuda)
+            moved = batch.to(drafter_device, non_blocking=on_cuda)
+        ready = None
+        if on_cuda or drafter_device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record(stream if stream is not None else torch.cuda.current_stream(device))
+    return HiddenBatch(
+        position=item.position,
+        bucket=batch.bucket,
+        input_ids=moved.input_ids,
+        attention_mask=moved.attention_mask,
+        loss_mask=moved.loss_mask,
+        context=context,
+        tokens=item.tokens,
+        ready=ready,
+    )
+
+
+def _extract(target: Target, batch: Batch, layer_ids: Sequence[int]) -> torch.Tensor:
+    from dflash_train.targets import extract_context
+
+    return extract_context(target, batch.input_ids, batch.attention_mask, list(layer_ids))
+
+
+END_OF_EPOCH = None
+
+
+class TargetWorker(threading.Thread):
+    """Takes loaded batches from `inbox` until END_OF_EPOCH, puts HiddenBatches in the pool.
+    The last worker to finish an epoch tells the pool to drain."""
+
+    def __init__(
+        self,
+        name: str,
+        target: Target,
+        *,
+        inbox: queue.Queue[LoadedBatch | None],
+        pool: HiddenStatePool[HiddenBatch],
+        layer_ids: Sequence[int],
+        drafter_device: torch.device,
+        timers: StageTimers,
+        finished: FinishCounter,
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self.target = target
+        self.inbox = inbox
+        self.pool = pool
+        self.layer_ids = list(layer_ids)
+        self.drafter_device = drafter_device
+        self.timers = timers
+        self.finished = finished
+        self.stream: Any | None = None
+        if target.device.type == "cuda":
+            import torch
+
+            self.stream = torch.cuda.Stream(device=target.device)
+
+    def run(self) -> None:
+        import torch
+
+        try:
+            if self.target.device.type == "cuda":
+                torch.cuda.set_device(self.target.device)
+            while True:
+                item = self.inbox.get()
+                if item is END_OF_EPOCH:
+                    break
+                hb = forward_to_drafter(
+                    self.target,
+                    item,
+                    self.layer_ids,
+                    self.drafter_device,
+                    self.timers,
+                    self.stream,
+                )
+                self.pool.put(hb, bucket=str(hb.bucket))
+        except PoolClosed:
+            return
+        except BaseException as exc:
+            traceback.print_exc(file=sys.stderr)
+            self.pool.fail(exc)
+            return
+        self.finished.done(self.pool)
+
+
+class FinishCounter:
+    """Counts workers done with the epoch; the last one switches the pool to draining."""
+
+    def __init__(self, workers: int) -> None:
+        self._left = workers
+        self._lock = threading.Lock()
+
+    def done(self, pool: HiddenStatePool[Any]) -> None:
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            pool.finish_epoch()

@@ -1,0 +1,156 @@
+"""The step loop shared by both pipelines: draw (batch, hidden states) pairs from the
+source, step the drafter, hand interval snapshots to the monitor, checkpoint on schedule,
+and stop cleanly between steps."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from dflash_train.pipeline.distributed import shard_positions
+from dflash_train.pipeline.monitor import StepRecord
+from dflash_train.pipeline.sources import EpochPlan
+from dflash_train.pipeline.target_workers import HiddenBatch
+
+if TYPE_CHECKING:
+    from dflash_train.pipeline.training_run import TrainingRun
+
+
+def run_epochs(run: TrainingRun) -> str:
+    """Returns the run_end reason: completed, signal or error."""
+    args = run.args
+    assert run.source is not None and run.monitor is not None
+    for epoch in range(run.epoch, args.epochs):
+        if run.epoch != epoch:
+            run.epoch, run.consumed = epoch, set()
+        order = run.plans[epoch]
+        remaining = [p for p in range(len(order)) if p not in run.consumed]
+        positions = shard_positions(remaining, run.rank.rank, run.rank.world_size)
+        plan = EpochPlan(epoch, order, positions)
+        reason = None
+        # With several ranks a stop is acted on only through `agree`, at the same step
+        # everywhere, so the source must not end early on one rank.
+        source_stop = run.stop.is_set if run.group is None else (lambda: False)
+        batches = run.source.batches(plan, source_stop)
+        with contextlib.closing(batches):
+            reason = _train_epoch(run, epoch, len(order), batches)
+        if reason is None and run.step < run.total_steps and run.group is None:
+            reason = _stop_reason(run)  # a stop that arrived while the source was waiting
+        if reason is not None:
+            return _finish(run, reason)
+        if run.step >= run.total_steps:
+            break
+        run.monitor.emit(
+            "event",
+            level="info",
+            code="epoch_end",
+            message=f"epoch {epoch} done at step {run.step}",
+            epoch=epoch,
+            step=run.step,
+        )
+        run.epoch, run.consumed = epoch + 1, set()
+        run.save()
+    return _finish(run, "completed")
+
+
+def _train_epoch(
+    run: TrainingRun, epoch: int, batches_in_epoch: int, batches: Iterator[HiddenBatch]
+) -> str | None:
+    args = run.args
+    interval_tokens = interval_steps = 0
+    for batch in batches:
+        batch.wait_ready(run.device)
+        run.stepper.step(batch, epoch)
+        run.step += 1
+        run.consumed.add(batch.position)
+        run.tokens_seen += batch.tokens
+        interval_tokens += batch.tokens
+        interval_steps += 1
+        reason = _stop_reason(run)
+        if interval_steps >= args.log_every or reason is not None:
+            _submit(run, epoch, batches_in_epoch, interval_tokens)
+            interval_tokens = interval_steps = 0
+        if args.save_every and run.step % args.save_every == 0:
+            run.save()
+        if reason is not None:
+            return reason
+    if interval_steps:
+        _submit(run, epoch, batches_in_epoch, interval_tokens)
+    return None
+
+
+def _stop_reason(run: TrainingRun) -> str | None:
+    """completed (max steps), signal or error; every rank agrees before anyone acts."""
+    done = run.step >= run.total_steps
+    stopping = run.stop.is_set()
+    error = stopping and run.stop.reason == "error"
+    if run.group is not None:
+        done, stopping, error = run.group.agree(done, stopping, error)
+        if stopping and not run.stop.is_set():
+            run.stop.request("error" if error else "signal", "stopped by another rank")
+    if error:
+        return "error"
+    if stopping:
+        return "signal"
+    return "completed" if done else None
+
+
+def _submit(run: TrainingRun, epoch: int, batches: int, tokens: int) -> None:
+    assert run.monitor is not None
+    run.monitor.submit_step(
+        StepRecord(
+            step=run.step,
+            epoch=epoch,
+            epoch_progress=len(run.consumed) / max(1, batches),
+            lr=run.stepper.lr,
+            tokens_total=run.tokens_seen,
+            tokens_interval=tokens,
+            at=time.monotonic(),
+            metrics=run.stepper.snapshot(),
+        )
+    )
+
+
+def _finish(run: TrainingRun, reason: str) -> str:
+    """Checkpoint (not after an error: the last good one stays the newest) and export."""
+    if reason == "error":
+        print(f"stopping: {run.stop.message}", file=sys.stderr)
+        return reason
+    run.save()
+    if reason == "completed" and run.rank.is_main:
+        _export(run)
+    return reason
+
+
+def _export(run: TrainingRun) -> None:
+    """A failed export leaves the checkpoints and is reported; it does not fail the run."""
+    from dflash_train.checkpoints import latest_checkpoint
+
+    assert run.monitor is not None
+    source = latest_checkpoint(run.run_dir.checkpoints)
+    if source is None:
+        return
+    start = time.monotonic()
+    try:
+        from dflash_train.export import export_checkpoint
+
+        export_checkpoint(source, run.run_dir.export)
+    except Exception as exc:
+        run.monitor.emit(
+            "event",
+            level="warning",
+            code="export_failed",
+            message=f"export to {run.run_dir.export} failed: {type(exc).__name__}: {exc}",
+        )
+        return
+    run.monitor.emit(
+        "event",
+        level="info",
+        code="exported",
+        message=f"drafter exported to {run.run_dir.export}",
+        path=str(run.run_dir.export),
+        seconds=round(time.monotonic() - start, 3),
+    )

@@ -1,0 +1,371 @@
+"""One training run inside a `train` process: build everything (data, targets, drafter,
+optimizer, source, monitor), resume if asked, run the step loop, checkpoint and shut down.
+trainer.py owns the process around it (lock, signals, run_end)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import socket
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from dflash_train import checkpoints
+from dflash_train.commands.train import settings_from_args
+from dflash_train.pipeline.control_watch import ControlWatcher, read_control_rev
+from dflash_train.pipeline.distributed import RankGroup, RankInfo, shard_devices, shard_positions
+from dflash_train.pipeline.monitor import MonitorThread
+from dflash_train.pipeline.pool import HiddenStatePool
+from dflash_train.pipeline.sources import AsyncSource, BatchLoader, SyncSource
+from dflash_train.pipeline.stage_timers import StageTimers
+from dflash_train.rundir import RunDir
+from dflash_train.status_writer import StatusWriter
+
+if TYPE_CHECKING:
+    from dflash_train.pipeline.drafter_step import DrafterStepper
+    from dflash_train.trainer import StopFlag
+
+
+class TrainingRun:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        run_dir: RunDir,
+        run_id: str,
+        writer: StatusWriter | None,
+        rank: RankInfo,
+        stop: StopFlag,
+    ) -> None:
+        self.args = args
+        self.run_dir = run_dir
+        self.run_id = run_id
+        self.writer = writer
+        self.rank = rank
+        self.stop = stop
+        self.step = 0
+        self.epoch = 0
+        self.tokens_seen = 0
+        self.consumed: set[int] = set()
+        self.settings = settings_from_args(args)
+        # Revisions written before this process took the lock belong to an earlier run.
+        self.control_rev = read_control_rev(run_dir.control)
+        self.last_saved_step: int | None = None
+        self.timers = StageTimers()
+        self.monitor: MonitorThread | None = None
+        self.source: SyncSource | AsyncSource | None = None
+        self.group: RankGroup | None = None
+        self.wandb: Any = None
+        self.resumed_from: str | None = None
+
+    # -- set-up -------------------------------------------------------------------------
+    def setup(self) -> None:
+        import torch
+
+        from dflash_train.data.buckets import batch_plan_stats, bucketed_batches, length_buckets
+        from dflash_train.data.dataset import load_dataset_dir
+
+        args = self.args
+        drafters = args.drafter_gpus or (["cuda:0"] if torch.cuda.is_available() else ["cpu"])
+        targets = args.target_gpus or drafters
+        self.device = torch.device(drafters[self.rank.rank])
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        if self.rank.distributed:
+            self.group = RankGroup(self.rank, self.device)
+        self.target_devices = [
+            torch.device(d) for d in shard_devices(targets, self.rank.rank, self.rank.world_size)
+        ]
+        torch.manual_seed(args.seed)
+
+        self.dataset = load_dataset_dir(args.data_dir)
+        print(f"{len(self.dataset)} samples loaded from {args.data_dir}", file=sys.stderr)
+        lengths = self.dataset.lengths
+        clipped = lengths.clip(max=args.max_length)
+        self.plans = [
+            bucketed_batches(
+                lengths,
+                tokens_per_batch=args.tokens_per_batch,
+                epoch=epoch,
+                seed=args.seed,
+                num_buckets=args.num_buckets,
+                max_length=args.max_length,
+            )
+            for epoch in range(args.epochs)
+        ]
+        stats = batch_plan_stats(lengths, self.plans[0], args.max_length)
+        print(stats.describe(), file=sys.stderr)
+        self.batch_stats = stats
+        per_epoch = [
+            len(shard_positions(range(len(p)), 0, self.rank.world_size)) for p in self.plans
+        ]
+        self.total_steps = sum(per_epoch)
+        if args.max_steps is not None:
+            self.total_steps = min(self.total_steps, args.max_steps)
+
+        self._load_models(torch)
+        self._build_stepper()
+        if args.resume_from:
+            self._resume(args.resume_from)
+        pad_id = self.targets[0].tokenizer.pad_token_id
+        loader = BatchLoader(
+            self.dataset,
+            args.max_length,
+            0 if pad_id is None else int(pad_id),
+            length_buckets(clipped, args.num_buckets),
+            pin=any(d.type == "cuda" for d in self.target_devices),
+            timers=self.timers,
+        )
+        self.pool: HiddenStatePool[Any] | None = None
+        if args.pipeline == "sync":
+            self.source = SyncSource(
+                loader,
+                self.targets[0],
+                layer_ids=self.layer_ids,
+                drafter_device=self.device,
+                timers=self.timers,
+            )
+        else:
+            self.pool = HiddenStatePool(
+                self.settings["hs_queue_depth"], self.settings["hs_min_ready"], seed=args.seed
+            )
+            self.source = AsyncSource(
+                loader,
+                self.targets,
+                layer_ids=self.layer_ids,
+                drafter_device=self.device,
+                timers=self.timers,
+                pool=self.pool,
+            )
+        self._start_monitor()
+        self._write_run_start()
+
+    def _load_models(self, torch: Any) -> None:
+        from dflash_train.targets import load_target
+
+        args = self.args
+        self.targets = []
+        for device in self.target_devices:
+            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+            self.targets.append(load_target(args.target_model, device, dtype))
+        first = self.targets[0]
+        # The drafter uses the target's frozen embedding and lm_head on its own device.
+        if first.device == self.device:
+            self.embed_tokens, self.lm_head = first.embed_tokens, first.lm_head
+        else:
+            import copy
+
+            self.embed_tokens = copy.deepcopy(first.embed_tokens).to(self.device)
+            self.lm_head = copy.deepcopy(first.lm_head).to(self.device)
+
+    def _build_stepper(self) -> None:
+        from dflash_train.drafter import DFlashDrafter, drafter_config_for_target
+        from dflash_train.pipeline.drafter_step import DrafterStepper, StepConfig
+
+        args = self.args
+        config = drafter_config_for_target(
+            self.targets[0],
+            num_layers=args.draft_layers,
+            block_size=args.block_size,
+            num_context_layers=args.target_layers,
+        )
+        self.layer_ids = list(config.target_layer_ids)
+        self.drafter = DFlashDrafter(config).to(self.device)
+        model: Any = self.drafter
+        if self.group is not None:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            model = DistributedDataParallel(self.drafter, device_ids=ids)
+        step_config = StepConfig(
+            lr=args.lr,
+            weight_decay=args.weight_decay,
+            warmup_steps=math.ceil(args.warmup_ratio * self.total_steps),
+            total_steps=self.total_steps,
+            grad_clip=args.grad_clip,
+            block_size=args.block_size,
+            num_anchors=args.num_anchors,
+            seed=args.seed,
+        )
+        self.stepper: DrafterStepper = DrafterStepper(
+            model,
+            self.drafter,
+            embed_tokens=self.embed_tokens,
+            lm_head=self.lm_head,
+            config=step_config,
+            device=self.device,
+            timers=self.timers,
+        )
+
+    def _resume(self, spec: str) -> None:
+        from dflash_train.drafter import load_drafter
+
+        path = checkpoints.resolve_resume(spec, self.run_dir.checkpoints)
+        loaded = checkpoints.load_checkpoint(path)
+        saved = load_drafter(path, self.device)
+        if list(saved.config.target_layer_ids) != self.layer_ids:
+            raise ValueError(
+                f"--resume-from: {path} was trained on target layers "
+                f"{list(saved.config.target_layer_ids)}, this run uses {self.layer_ids}"
+            )
+        self.drafter.load_state_dict(saved.state_dict())
+        self.stepper.load_state_dicts(loaded.optimizer, loaded.scheduler)
+        checkpoints.restore_rng(loaded.rng)
+        state = loaded.state
+        self.step, self.epoch, self.tokens_seen = state.step, state.epoch, state.tokens_seen
+        self.consumed = set(state.consumed)
+        self.last_saved_step = state.step
+        # Explicit command-line values win over the settings live at the checkpoint.
+        given = {"hs_queue_depth": self.args.hs_queue_depth, "hs_min_ready": self.args.hs_min_ready}
+        restored = {k: v for k, v in state.settings.items() if given.get(k) is None}
+        self.settings = {**self.settings, **restored}
+        if self.settings["hs_min_ready"] > self.settings["hs_queue_depth"]:
+            self.settings["hs_min_ready"] = self.settings["hs_queue_depth"]
+        self.resumed_from = str(path)
+        print(f"resumed from {path} at step {self.step}", file=sys.stderr)
+
+    def _start_monitor(self) -> None:
+        from dflash_train.pipeline.wandb_log import WandbLogger
+
+        args = self.args
+        control = ControlWatcher(
+            self.run_dir.control,
+            current=lambda: dict(self.settings),
+            apply=self._apply_settings,
+            baseline_rev=self.control_rev,
+        )
+        if args.wandb_project and self.rank.is_main:
+            self.wandb = WandbLogger(
+                project=args.wandb_project,
+                run_dir=self.run_dir.root,
+                run_id=self.run_id,
+                config=self.config_record(),
+            )
+        roles: dict[int, str] = {}
+        for device in self.target_devices:
+            if device.type == "cuda":
+                roles[device.index] = "target"
+        if self.device.type == "cuda":
+            roles[self.device.index] = "+".join(
+                filter(None, [roles.get(self.device.index), "drafter"])
+            )
+        cuda = tuple({d for d in [*self.target_devices, self.device] if d.type == "cuda"})
+        self.monitor = MonitorThread(
+            self.writer,
+            block_size=args.block_size,
+            max_bad_steps=args.max_bad_steps,
+            on_fatal=lambda message: self.stop.request("error", message),
+            timers=self.timers,
+            pool=self.pool,
+            settings=lambda: dict(self.settings),
+            producers=len(self.targets),
+            control=control,
+            gpu_roles=roles,
+            allocator_devices=cuda,
+            wandb=self.wandb,
+        )
+
+    def _apply_settings(self, updates: dict[str, int]) -> None:
+        merged = {**self.settings, **updates}
+        if self.pool is not None:
+            self.pool.set_limits(depth=merged["hs_queue_depth"], min_ready=merged["hs_min_ready"])
+        self.settings = merged
+
+    def config_record(self) -> dict[str, Any]:
+        record = {}
+        for key, value in vars(self.args).items():
+            if key.startswith("_"):
+                continue
+            record[key] = (
+                value
+                if isinstance(value, (int, float, str, bool, list, type(None)))
+                else str(value)
+            )
+        return record
+
+    def _write_run_start(self) -> None:
+        if self.writer is None:
+            return
+        dataset = {**self.dataset.stats.as_dict(), **self.batch_stats.as_dict()}
+        self.writer.write(
+            "run_start",
+            config=self.config_record(),
+            topology={
+                "target": [str(d) for d in self.target_devices],
+                "drafter": self.args.drafter_gpus or [str(self.device)],
+                "world_size": self.rank.world_size,
+                "pipeline": self.args.pipeline,
+            },
+            dataset=dataset,
+            batches_per_epoch=len(self.plans[0]),
+            total_steps=self.total_steps,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            resumed_from=self.resumed_from,
+            start_step=self.step,
+            settings=dict(self.settings),
+            layer_ids=self.layer_ids,
+        )
+
+    # -- the loop -----------------------------------------------------------------------
+    def loop(self) -> str:
+        """Train until done or stopped; returns the run_end reason."""
+        assert self.monitor is not None and self.source is not None
+        self.monitor.mark_start()
+        self.monitor.start()
+        try:
+            reason = self._epochs()
+        finally:
+            self.shutdown()
+        return reason
+
+    def _epochs(self) -> str:
+        from dflash_train.pipeline.training_loop import run_epochs
+
+        return run_epochs(self)
+
+    def save(self) -> None:
+        """Checkpoint now (rank 0 writes; the others only take part in gathering)."""
+        consumed = sorted(self.consumed)
+        if self.group is not None:
+            consumed = self.group.union(consumed)
+        if not self.rank.is_main or self.last_saved_step == self.step:
+            return
+        start = time.monotonic()
+        state = checkpoints.TrainState(
+            step=self.step,
+            epoch=self.epoch,
+            consumed=consumed,
+            tokens_seen=self.tokens_seen,
+            run_id=self.run_id,
+            settings=dict(self.settings),
+            control_rev=self.monitor.control.last_rev
+            if self.monitor and self.monitor.control
+            else None,
+        )
+        path = checkpoints.save_checkpoint(
+            self.run_dir.checkpoints,
+            drafter=self.drafter,
+            optimizer=self.stepper.optimizer,
+            scheduler=self.stepper.scheduler,
+            state=state,
+            rng=checkpoints.capture_rng([self.device, *self.target_devices]),
+            keep=self.args.keep_checkpoints,
+        )
+        self.last_saved_step = self.step
+        seconds = round(time.monotonic() - start, 3)
+        if self.monitor is not None:
+            self.monitor.emit("checkpoint", step=self.step, path=str(path), seconds=seconds)
+
+    def shutdown(self) -> None:
+        if self.source is not None:
+            self.source.close()
+        if self.monitor is not None and self.monitor.is_alive():
+            self.monitor.stop()
+        if self.wandb is not None:
+            self.wandb.close()
+            self.wandb = None
+        if self.group is not None:
+            self.group.close()
+            self.group = None

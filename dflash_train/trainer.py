@@ -1,0 +1,136 @@
+"""The life of one `train` process: lock the run dir, load target(s), data and drafter,
+write run_start, run the loop over a hidden-state source, checkpoint, and end with exactly
+one run_end whatever happens (completed, signal, error)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import traceback
+import uuid
+from typing import Any
+
+from dflash_train.pipeline.distributed import RankInfo, rank_from_env, spawn_other_ranks
+from dflash_train.rundir import LockHeld, RunDir, RunLock
+from dflash_train.status_writer import StatusWriter
+
+EXIT_LOCK_HELD = 3
+
+
+class StopFlag:
+    """Set from signal handlers and the monitor; read by the loop between steps."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason: str | None = None
+        self.message = ""
+
+    def request(self, reason: str, message: str = "") -> None:
+        if not self._event.is_set():
+            self.reason, self.message = reason, message
+            self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+
+def _install_signal_handlers(stop: StopFlag) -> None:
+    def handler(signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        print(f"{name} received: finishing the current step, then checkpoint", file=sys.stderr)
+        stop.request("signal", name)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _train_argv() -> list[str]:
+    """This process's train arguments, to start the other ranks with the same ones."""
+    argv = sys.argv[1:]
+    return argv[argv.index("train") + 1 :] if "train" in argv else argv
+
+
+def _resolve_run_id(args: argparse.Namespace) -> str:
+    return args.run_id or os.environ.get("DFLASH_RUN_ID") or uuid.uuid4().hex[:12]
+
+
+def train(args: argparse.Namespace) -> int:
+    stop = StopFlag()
+    _install_signal_handlers(stop)
+    drafter_devices = args.drafter_gpus or _default_devices()
+    rank = rank_from_env()
+    children = []
+    if rank is None and len(drafter_devices) > 1:
+        children = spawn_other_ranks(_train_argv(), len(drafter_devices))
+        rank = rank_from_env()
+    rank = rank or RankInfo(0, 1, 0)
+    run_dir = RunDir.at(args.output_dir)
+    lock = RunLock(run_dir.lock)
+    if rank.is_main:
+        try:
+            lock.acquire()
+        except LockHeld:
+            print(
+                f"dflash-train train: {run_dir.lock} is held: a trainer is running", file=sys.stderr
+            )
+            for child in children:
+                child.terminate()
+            return EXIT_LOCK_HELD
+    run_id = _resolve_run_id(args)
+    writer = StatusWriter(run_dir.status, run_id) if rank.is_main else None
+    try:
+        return _run_and_report(args, run_dir, run_id, writer, rank, stop)
+    finally:
+        for child in children:
+            child.wait()
+        if writer is not None:
+            writer.close()
+        lock.release()
+
+
+def _default_devices() -> list[str]:
+    import torch
+
+    return ["cuda:0"] if torch.cuda.is_available() else ["cpu"]
+
+
+def _run_and_report(
+    args: argparse.Namespace,
+    run_dir: RunDir,
+    run_id: str,
+    writer: StatusWriter | None,
+    rank: RankInfo,
+    stop: StopFlag,
+) -> int:
+    from dflash_train.pipeline.training_run import TrainingRun
+
+    run: TrainingRun | None = None
+    try:
+        run = TrainingRun(args, run_dir, run_id, writer, rank, stop)
+        run.setup()
+        reason = run.loop()
+    except BaseException as exc:
+        tail = traceback.format_exc().strip().splitlines()[-20:]
+        print("\n".join(tail), file=sys.stderr)
+        if run is not None:
+            run.shutdown()
+        if writer is not None:
+            writer.write(
+                "run_end",
+                reason="error",
+                exit_code=1,
+                error_tail="\n".join(tail),
+                error=f"{type(exc).__name__}: {exc}"[:500],
+            )
+        return 1
+    code = 1 if reason == "error" else 0
+    if writer is not None:
+        fields: dict[str, Any] = {"reason": reason, "exit_code": code, "step": run.step}
+        if reason == "error":
+            fields["error_tail"] = stop.message
+        writer.write("run_end", **fields)
+    print(f"run_end: {reason} at step {run.step}", file=sys.stderr)
+    return code
