@@ -1,0 +1,260 @@
+"""Connection profiles in the console's TOML config file (platformdirs' user config dir, or
+$DFLASH_CONFIG): where the box is, how to reach its trainer, the run directory, and the
+default launch arguments. Bad entries fail with a one-line error naming the field;
+writes are atomic."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+import tomli_w
+
+from dflash_train.rundir import atomic_write_text
+from dflash_tui.sources.session import DEFAULT_TRAINER, check_inert
+from dflash_tui.sources.transport import DEFAULT, LocalTransport, SshTransport, Transport
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+CONFIG_ENV = "DFLASH_CONFIG"
+
+
+class ProfileError(ValueError):
+    """One line naming the file, the field and what is wrong with it."""
+
+
+@dataclass(frozen=True)
+class LaunchDefaults:
+    """Arguments for `dflash-train train` that a launch starts from."""
+
+    target_model: str | None = None
+    data_dir: str | None = None
+    target_gpus: str | None = None
+    drafter_gpus: str | None = None
+    epochs: int | None = None
+    lr: float | None = None
+    hs_queue_depth: int | None = None
+    hs_min_ready: int | None = None
+    max_length: int | None = None
+    extra_args: tuple[str, ...] = ()
+
+    def train_args(self) -> list[str]:
+        args: list[str] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "extra_args" and value is not None:
+                args += [f"--{f.name.replace('_', '-')}", str(value)]
+        return args + list(self.extra_args)
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    host: str | None = None  # None: the box is this machine
+    port: int | None = None
+    user: str | None = None
+    container: str | None = None  # a Proxmox container id: commands go through pct exec
+    exec_prefix: tuple[str, ...] = ()
+    jump: str | None = None
+    run_dir: str = "runs/dflash"
+    python: str = DEFAULT_TRAINER
+    watch: bool = False
+    theme: str | None = None
+    launch: LaunchDefaults = field(default_factory=LaunchDefaults)
+
+    def command_prefix(self) -> tuple[str, ...]:
+        if self.container is not None:
+            return ("pct", "exec", self.container, "--")
+        return self.exec_prefix
+
+    def transport(self, *, known_hosts: str | os.PathLike[str] | None = None) -> Transport:
+        if self.host is None:
+            return LocalTransport(self.command_prefix())
+        return SshTransport(
+            self.host,
+            port=self.port,
+            username=self.user,
+            exec_prefix=self.command_prefix(),
+            jump=self.jump,
+            known_hosts=DEFAULT if known_hosts is None else known_hosts,
+        )
+
+
+def config_path() -> Path:
+    override = os.environ.get(CONFIG_ENV)
+    if override:
+        return Path(override).expanduser()
+    return Path(platformdirs.user_config_dir("dflash")) / "config.toml"
+
+
+def _check(where: str, value: Any, kind: type | tuple[type, ...], what: str) -> Any:
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise ProfileError(f"{where}: expected {what}, got a boolean")
+    if not isinstance(value, kind):
+        raise ProfileError(f"{where}: expected {what}, got {type(value).__name__} {value!r}")
+    if isinstance(value, str):
+        try:
+            check_inert(where, value)
+        except ValueError as exc:
+            raise ProfileError(str(exc)) from None
+    return value
+
+
+_TEXT = (str, "text")
+_INT = (int, "an integer")
+_NUMBER = ((int, float), "a number")
+_PROFILE_FIELDS: dict[str, tuple[Any, str]] = {
+    "host": _TEXT,
+    "user": _TEXT,
+    "container": _TEXT,
+    "jump": _TEXT,
+    "run_dir": _TEXT,
+    "python": _TEXT,
+    "theme": _TEXT,
+    "port": _INT,
+    "watch": (bool, "true or false"),
+}
+_LAUNCH_FIELDS: dict[str, tuple[Any, str]] = {
+    "target_model": _TEXT,
+    "data_dir": _TEXT,
+    "target_gpus": _TEXT,
+    "drafter_gpus": _TEXT,
+    "epochs": _INT,
+    "lr": _NUMBER,
+    "hs_queue_depth": _INT,
+    "hs_min_ready": _INT,
+    "max_length": _INT,
+}
+
+
+def _text_list(where: str, value: Any) -> tuple[str, ...]:
+    _check(where, value, list, "a list of strings")
+    return tuple(_check(f"{where}[{i}]", v, str, "text") for i, v in enumerate(value))
+
+
+def _parse_launch(where: str, table: Any) -> LaunchDefaults:
+    _check(where, table, dict, "a table")
+    values: dict[str, Any] = {}
+    for key, raw in table.items():
+        if key == "extra_args":
+            values[key] = _text_list(f"{where}.extra_args", raw)
+        elif key in _LAUNCH_FIELDS:
+            kind, what = _LAUNCH_FIELDS[key]
+            values[key] = _check(f"{where}.{key}", raw, kind, what)
+        else:
+            raise ProfileError(f"{where}.{key}: unknown setting")
+    return LaunchDefaults(**values)
+
+
+def parse_profile(name: str, table: Any, *, where: str = "") -> Profile:
+    where = where or f"profiles.{name}"
+    _check(where, table, dict, "a table")
+    values: dict[str, Any] = {}
+    for key, raw in table.items():
+        if key == "launch":
+            values[key] = _parse_launch(f"{where}.launch", raw)
+        elif key == "exec_prefix":
+            values[key] = _text_list(f"{where}.exec_prefix", raw)
+        elif key in _PROFILE_FIELDS:
+            kind, what = _PROFILE_FIELDS[key]
+            values[key] = _check(f"{where}.{key}", raw, kind, what)
+        else:
+            raise ProfileError(f"{where}.{key}: unknown setting")
+    port = values.get("port")
+    if port is not None and not 1 <= port <= 65535:
+        raise ProfileError(f"{where}.port: {port} is out of range 1..65535")
+    if values.get("container") is not None and values.get("exec_prefix"):
+        raise ProfileError(f"{where}: give container or exec_prefix, not both")
+    return Profile(name, **values)
+
+
+@dataclass(frozen=True)
+class Config:
+    profiles: Mapping[str, Profile]
+    default_profile: str | None = None
+
+    def get(self, name: str | None = None) -> Profile:
+        name = name or self.default_profile
+        if name is None:
+            return self.profiles.get("local", Profile("local"))
+        if name not in self.profiles:
+            known = ", ".join(sorted(self.profiles)) or "none"
+            raise ProfileError(f"profile {name!r}: not in the config (known: {known})")
+        return self.profiles[name]
+
+
+def load_config(path: Path | None = None) -> Config:
+    path = path or config_path()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return Config({})
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"{path}: not valid TOML: {exc}") from None
+    default = data.get("default_profile")
+    if default is not None:
+        _check(f"{path}: default_profile", default, str, "text")
+    tables = data.get("profiles", {})
+    _check(f"{path}: profiles", tables, dict, "a table of profiles")
+    unknown = set(data) - {"default_profile", "profiles"}
+    if unknown:
+        raise ProfileError(f"{path}: {sorted(unknown)[0]}: unknown setting")
+    try:
+        profiles = {name: parse_profile(name, table) for name, table in tables.items()}
+    except ProfileError as exc:
+        raise ProfileError(f"{path}: {exc}") from None
+    return Config(profiles, default)
+
+
+def _profile_table(profile: Profile) -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    defaults = Profile(profile.name)
+    for f in fields(profile):
+        value = getattr(profile, f.name)
+        if f.name in ("name", "launch") or value == getattr(defaults, f.name):
+            continue
+        table[f.name] = list(value) if isinstance(value, tuple) else value
+    launch = {
+        f.name: list(v) if isinstance(v := getattr(profile.launch, f.name), tuple) else v
+        for f in fields(profile.launch)
+        if getattr(profile.launch, f.name) not in (None, ())
+    }
+    if launch:
+        table["launch"] = launch
+    return table
+
+
+def save_config(config: Config, path: Path | None = None) -> None:
+    path = path or config_path()
+    data: dict[str, Any] = {}
+    if config.default_profile is not None:
+        data["default_profile"] = config.default_profile
+    data["profiles"] = {name: _profile_table(p) for name, p in config.profiles.items()}
+    atomic_write_text(path, tomli_w.dumps(data))
+
+
+REMEMBERED = {"theme": "theme", "hs_min_ready": "launch.hs_min_ready"}
+
+
+def remember(profile: str, key: str, value: str | int, path: Path | None = None) -> Profile:
+    """Store what the operator last chose (the theme, the last hs_min_ready) in the
+    profile, creating it when new; other entries of the file are kept as they were."""
+    if key not in REMEMBERED:
+        raise ProfileError(f"{key}: not a remembered setting (known: {', '.join(REMEMBERED)})")
+    config = load_config(path)
+    current = config.profiles.get(profile, Profile(profile))
+    if key == "theme":
+        updated = replace(current, theme=_check("theme", value, str, "text"))
+    else:
+        number = _check(key, value, int, "an integer")
+        updated = replace(current, launch=replace(current.launch, hs_min_ready=number))
+    save_config(Config({**config.profiles, profile: updated}, config.default_profile), path)
+    return updated

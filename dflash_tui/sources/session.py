@@ -1,0 +1,307 @@
+"""One console's conversation with one run directory on the box: following the status
+stream with a resume cursor (reconnecting with backoff after a drop), following GPU
+readings, and the control calls. Watch mode is enforced here, before anything is sent,
+whatever the UI does."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from dflash_train import protocol
+from dflash_train.protocol import Rejected, Reply, StatusLine
+from dflash_tui.sources.backoff import Backoff
+from dflash_tui.sources.transport import CommandTimeout, HostKeyUnknown, Transport, TransportError
+
+DEFAULT_TRAINER = "dflash-train"
+# launch waits on the box until the trainer's run_start line: model and data loading.
+LAUNCH_TIMEOUT_S = 900.0
+CONTROL_TIMEOUT_S = 60.0
+ERROR_TAIL_LINES = 8
+DEFAULT_BACKOFF = Backoff()
+_OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+
+ConnectionStatus = Literal["connecting", "connected", "reconnecting", "failed"]
+
+
+@dataclass(frozen=True)
+class ConnectionState:
+    """Where a follow stands. `reconnecting` carries the attempt number and the seconds
+    until it; `failed` (no further attempts) the reason, and the error itself so the UI
+    can offer to trust an unknown host key."""
+
+    status: ConnectionStatus
+    attempt: int = 0
+    next_in: float | None = None
+    reason: str | None = None
+    error: TransportError | None = None
+
+    @classmethod
+    def connecting(cls) -> ConnectionState:
+        return cls("connecting")
+
+    @classmethod
+    def connected(cls) -> ConnectionState:
+        return cls("connected")
+
+    @classmethod
+    def reconnecting(cls, attempt: int, next_in: float, reason: str) -> ConnectionState:
+        return cls("reconnecting", attempt, next_in, reason)
+
+    @classmethod
+    def failed(cls, reason: str, error: TransportError | None = None) -> ConnectionState:
+        return cls("failed", reason=reason, error=error)
+
+
+class ReadOnlyError(PermissionError):
+    """A mutating call on a watch-mode session; nothing was sent."""
+
+
+class InputError(ValueError):
+    """Operator input refused before sending; the message names the field and the reason."""
+
+
+def check_inert(field: str, value: str) -> str:
+    """Refuse what could break the one quoting layer: NUL bytes cannot pass through argv at
+    all, and a newline inside quotes is not safe in every remote login shell (csh)."""
+    if not isinstance(value, str):
+        raise InputError(f"{field}: expected text, got {type(value).__name__}")
+    for bad, name in (("\0", "a NUL byte"), ("\n", "a newline"), ("\r", "a carriage return")):
+        if bad in value:
+            raise InputError(f"{field}: contains {name}")
+    return value
+
+
+def trainer_prefix(python: str | None) -> tuple[str, ...]:
+    """How to call the box's trainer: the `dflash-train` script, or an interpreter path
+    running the package (`PATH -m dflash_train`)."""
+    if python is None or python == DEFAULT_TRAINER:
+        return (DEFAULT_TRAINER,)
+    check_inert("python", python)
+    if not python.strip():
+        raise InputError("python: empty path")
+    return (python, "-m", "dflash_train")
+
+
+class Session:
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        run_dir: str,
+        python: str | None = DEFAULT_TRAINER,
+        read_only: bool,
+        on_line: Callable[[StatusLine], None],
+        on_connection: Callable[[ConnectionState], None] = lambda state: None,
+        on_reject: Callable[[Rejected], None] = lambda rejected: None,
+        on_gpu_line: Callable[[StatusLine], None] | None = None,
+        history_points: int = 400,
+        settings_in_force: Callable[[], Mapping[str, int]] | None = None,
+        backoff: Backoff = DEFAULT_BACKOFF,
+        max_attempts: int | None = None,
+        control_timeout: float = CONTROL_TIMEOUT_S,
+        launch_timeout: float = LAUNCH_TIMEOUT_S,
+    ) -> None:
+        check_inert("run_dir", run_dir)
+        if not run_dir.strip():
+            raise InputError("run_dir: empty path")
+        if run_dir.startswith("-"):
+            # Quoting makes it inert for the shell, but argparse would read it as an option.
+            raise InputError(f"run_dir: {run_dir!r} starts with '-'")
+        self.transport = transport
+        self.run_dir = run_dir
+        self.trainer = trainer_prefix(python)
+        self._read_only = bool(read_only)
+        self._on_line = on_line
+        self._on_connection = on_connection
+        self._on_reject = on_reject
+        self._on_gpu_line = on_gpu_line or on_line
+        self.history_points = history_points
+        self._settings_in_force = settings_in_force
+        self.backoff = backoff
+        self.max_attempts = max_attempts
+        self.control_timeout = control_timeout
+        self.launch_timeout = launch_timeout
+        self._cursor: tuple[str | None, int] = (None, -1)
+        self.duplicates_dropped = 0
+        self.connection = ConnectionState.connecting()
+
+    @property
+    def read_only(self) -> bool:
+        # No setter: a session made for watching cannot be switched to control.
+        return self._read_only
+
+    @property
+    def cursor(self) -> tuple[str | None, int]:
+        """(run id, last seq delivered); (None, -1) before the first line."""
+        return self._cursor
+
+    async def connect(self) -> None:
+        """Open the connection now (raises HostKeyUnknown, TransportError)."""
+        await self.transport.connect()
+
+    # -----------------------------------------------------------------------------------
+    # Following
+
+    def tail_argv(self) -> list[str]:
+        run, seq = self._cursor
+        argv = [*self.trainer, "tail", self.run_dir, "--follow"]
+        if run is not None:
+            argv += ["--from-seq", str(seq), "--run", run]
+        elif self.history_points:
+            # Only a first attach gets the decimated past; a resume wants every line it
+            # missed, so the stream has no gap.
+            argv += ["--history", str(self.history_points)]
+        return argv
+
+    def _deliver(self, raw: bytes) -> None:
+        decoded = protocol.decode_line(raw)
+        if isinstance(decoded, Rejected):
+            self._on_reject(decoded)
+            return
+        run, seq = self._cursor
+        if decoded.run == run and decoded.seq <= seq:
+            # The end-of-history marker repeats the seq of the summary's last line.
+            if decoded.kind == "event" and decoded.get("code") == "history_end":
+                self._on_line(decoded)
+            else:
+                self.duplicates_dropped += 1
+            return
+        self._cursor = (decoded.run, decoded.seq)
+        self._on_line(decoded)
+
+    def _deliver_gpu(self, raw: bytes) -> None:
+        decoded = protocol.decode_line(raw)
+        if isinstance(decoded, Rejected):
+            self._on_reject(decoded)
+        else:
+            self._on_gpu_line(decoded)
+
+    def _report(self, state: ConnectionState) -> None:
+        self.connection = state
+        self._on_connection(state)
+
+    async def follow(self) -> None:
+        """Follow the status stream until cancelled; returns only after reporting `failed`
+        (a refused host key or login, or `max_attempts` spent)."""
+        await self._keep_streaming(self.tail_argv, self._deliver)
+
+    async def follow_gpus(self, interval: float = 2.0) -> None:
+        if not interval > 0:
+            raise InputError(f"interval: {interval} must be above 0 seconds")
+        argv = [*self.trainer, "gpus", "--follow", "--interval", f"{interval:g}"]
+        await self._keep_streaming(lambda: argv, self._deliver_gpu)
+
+    async def _keep_streaming(
+        self, make_argv: Callable[[], list[str]], deliver: Callable[[bytes], None]
+    ) -> None:
+        attempt = 0
+        self._report(ConnectionState.connecting())
+        while True:
+            try:
+                async with self.transport.stream(make_argv()) as lines:
+                    self._report(ConnectionState.connected())
+                    async for raw in lines:
+                        # A stream that delivers resets the backoff; one that fails at
+                        # once (a missing run dir) keeps growing it.
+                        attempt = 0
+                        deliver(raw)
+                    end = lines.end
+                    reason = "stream ended"
+                    if end is not None:
+                        tail = _tail_text(end.stderr_tail)
+                        reason = f"stream ended (exit {end.returncode})" + (
+                            f": {tail}" if tail else ""
+                        )
+            except TransportError as exc:
+                if not exc.retryable:
+                    self._report(ConnectionState.failed(str(exc), exc))
+                    return
+                reason = str(exc)
+            attempt += 1
+            if self.max_attempts is not None and attempt > self.max_attempts:
+                self._report(
+                    ConnectionState.failed(f"gave up after {attempt - 1} retries: {reason}")
+                )
+                return
+            delay = self.backoff.delay(attempt)
+            self._report(ConnectionState.reconnecting(attempt, delay, reason))
+            await asyncio.sleep(delay)
+
+    # -----------------------------------------------------------------------------------
+    # Control
+
+    def _require_control(self, action: str) -> None:
+        if self._read_only:
+            raise ReadOnlyError(f"{action}: this console is in watch mode (read-only)")
+
+    async def _call(self, command: str, argv: Sequence[str], timeout: float) -> Reply:
+        full = [*self.trainer, *argv]
+        try:
+            result = await self.transport.run(full, timeout=timeout)
+        except CommandTimeout as exc:
+            return protocol.reply_error(
+                command, "timeout", f"{exc}; it may still be running on the box"
+            )
+        except HostKeyUnknown as exc:
+            return protocol.reply_error(command, "host_key_unknown", str(exc))
+        except TransportError as exc:
+            return protocol.reply_error(command, "unreachable", str(exc))
+        decoded = protocol.decode_reply(result.stdout)
+        if isinstance(decoded, Reply):
+            return decoded
+        tail = _tail_text(result.stderr) or decoded.reason
+        return protocol.reply_error(
+            command, "no_reply", f"{command}: no reply (exit {result.rc}): {tail}"
+        )
+
+    async def launch(self, train_args: Sequence[str]) -> Reply:
+        self._require_control("launch")
+        args = [check_inert(f"launch argument {i + 1}", a) for i, a in enumerate(train_args)]
+        return await self._call(
+            "launch", ["launch", self.run_dir, "--", *args], self.launch_timeout
+        )
+
+    async def stop(self, timeout: float = 60) -> Reply:
+        self._require_control("stop")
+        if not timeout > 0:
+            raise InputError(f"timeout: {timeout} must be above 0 seconds")
+        argv = ["stop", self.run_dir, "--timeout", f"{timeout:g}"]
+        return await self._call("stop", argv, timeout + self.control_timeout)
+
+    async def restart(self, *, fresh: bool = False, overrides: Mapping[str, str] = {}) -> Reply:
+        self._require_control("restart")
+        extra: list[str] = []
+        for key, value in overrides.items():
+            if not _OPTION_NAME.fullmatch(key):
+                raise InputError(f"restart override {key!r}: not an option name")
+            extra += [f"--{key.replace('_', '-')}", check_inert(f"restart override {key}", value)]
+        argv = ["restart", self.run_dir, *(["--fresh"] if fresh else [])]
+        if extra:
+            argv += ["--", *extra]
+        return await self._call("restart", argv, self.launch_timeout + self.control_timeout)
+
+    async def set_setting(self, key: str, value: str) -> Reply:
+        self._require_control("set")
+        check_inert("setting name", key)
+        check_inert(key, str(value))
+        try:
+            number = protocol.parse_setting_value(key, value)
+            current = self._settings_in_force() if self._settings_in_force else None
+            if current:
+                protocol.validate_settings({key: number}, current)
+        except protocol.SettingError as exc:
+            raise InputError(str(exc)) from None
+        argv = ["set", self.run_dir, key, str(number)]
+        return await self._call("set", argv, self.control_timeout)
+
+    async def status(self) -> Reply:
+        return await self._call("status", ["status", self.run_dir], self.control_timeout)
+
+
+def _tail_text(data: bytes, lines: int = ERROR_TAIL_LINES) -> str:
+    text = data.decode("utf-8", errors="replace").strip()
+    return " | ".join(text.splitlines()[-lines:])

@@ -1,0 +1,362 @@
+"""RunState: a pure reducer from status lines to what the console draws, in bounded memory
+(ring buffers), with min/max-preserving decimation of any series to a plot's width. A new
+run id starts a fresh state: runs are never mixed."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dflash_train.commands.gpus import GPUS_RUN_ID
+from dflash_train.protocol import DEFAULT_SETTINGS, LIVE_SETTINGS, Rejected, Reply, StatusLine
+
+STEP_METRICS = ("loss", "acc", "tau", "ktok_s", "lr", "grad_norm")
+QUEUE_VALUES = ("hs_ready", "producer_wait", "consumer_wait", "starved")
+GPU_VALUES = ("util", "power_w", "mem_used", "temp_c")
+STALL_AFTER_S = 60.0
+# Steps used for the rate behind the ETA: recent enough to follow a changed speed.
+RATE_WINDOW = 50
+_SETTING_IN_MESSAGE = re.compile(r"\b(" + "|".join(LIVE_SETTINGS) + r")\s*[=:]\s*(\d+)")
+
+Series = deque[tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """One entry of the run's event log: an `event` line, a checkpoint or the run's end."""
+
+    t: float
+    seq: int
+    level: str
+    code: str
+    text: str
+
+
+class RunState:
+    """Feed it every decoded line with `apply` (and rejects with `count_rejected`); read
+    the attributes to draw. `clock` stamps when lines arrive, for staleness."""
+
+    def __init__(
+        self,
+        *,
+        history: int = 4096,
+        gpu_history: int = 1024,
+        events: int = 500,
+        stall_after: float = STALL_AFTER_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._history = history
+        self._gpu_history = gpu_history
+        self._events = events
+        self.stall_after = stall_after
+        self.clock = clock
+        self.rejected_lines: Counter[str] = Counter()
+        # GPU readings belong to the box, not to a run: a new run id keeps them.
+        self._gpus: dict[int, Mapping[str, Any]] = {}
+        self.gpu_series: dict[str, Series] = {}
+        self._gpu_rows: dict[int, tuple[Series, ...]] = {}
+        self.gpu_available: bool | None = None
+        self.gpu_unavailable: str | None = None
+        self.last_gpu_arrival: float | None = None
+        self._reset(None)
+
+    def _reset(self, run_id: str | None) -> None:
+        self.run_id = run_id
+        self.start: StatusLine | None = None
+        self.end: StatusLine | None = None
+        self.config: Mapping[str, Any] = {}
+        self.topology: Mapping[str, Any] = {}
+        self.epoch: int | None = None
+        self.epochs: int | None = None
+        self.epoch_progress: float | None = None
+        self.step: int | None = None
+        self.total_steps: int | None = None
+        self.tokens: int | None = None
+        self.current: dict[str, float | None] = dict.fromkeys(STEP_METRICS)
+        self.metrics: dict[str, Series] = {m: deque(maxlen=self._history) for m in STEP_METRICS}
+        self.queue: Mapping[str, Any] | None = None
+        self.queue_series: dict[str, Series] = {
+            v: deque(maxlen=self._history) for v in QUEUE_VALUES
+        }
+        self.settings: dict[str, int] = {}
+        self.events: deque[EventRecord] = deque(maxlen=self._events)
+        self.checkpoint: StatusLine | None = None
+        self.profile: StatusLine | None = None
+        self.last_seq: int | None = None
+        self.last_time: float | None = None
+        self.last_arrival: float | None = None
+        self.crashed_by_status = False
+        self.lines_applied = 0
+        self._step_times: deque[tuple[int, float]] = deque(maxlen=RATE_WINDOW)
+
+    # -----------------------------------------------------------------------------------
+    # Reducing
+
+    def apply(self, line: StatusLine) -> None:
+        kind = line.kind
+        if line.run == GPUS_RUN_ID and kind == "gpu":
+            self.apply_gpu_reading(line)
+            return
+        if line.run != self.run_id:
+            self._reset(line.run)
+        self.lines_applied += 1
+        self.last_seq = line.seq
+        self.last_time = line.t
+        self.last_arrival = self.clock()
+        handler = _HANDLERS.get(kind)
+        if handler is not None:
+            handler(self, line)
+
+    def count_rejected(self, rejected: Rejected) -> None:
+        self.rejected_lines[rejected.code] += 1
+
+    def apply_status(self, reply: Reply) -> None:
+        """Take the box's own verdict (`dflash-train status`) into account: it knows about a
+        trainer that died without writing run_end."""
+        if reply.ok and reply.data.get("state") == "crashed":
+            self.crashed_by_status = True
+
+    def _apply_start(self, line: StatusLine) -> None:
+        self.start = line
+        self.end = None
+        self.crashed_by_status = False
+        config = line["config"]
+        self.config = config
+        self.topology = line["topology"]
+        self.total_steps = line["total_steps"]
+        epochs = config.get("epochs")
+        self.epochs = epochs if isinstance(epochs, int) else self.epochs
+        for key in LIVE_SETTINGS:
+            value = config.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                self.settings[key] = value
+        start_step = line.get("start_step")
+        if isinstance(start_step, int):
+            self.step = start_step
+
+    def _apply_step(self, line: StatusLine) -> None:
+        fields = line.fields
+        step = fields["step"]
+        self.step = step
+        self.epoch = fields["epoch"]
+        self.epoch_progress = fields["epoch_progress"]
+        self.tokens = fields["tokens"]
+        current = self.current
+        metrics = self.metrics
+        for name in STEP_METRICS:
+            value = fields[name]
+            current[name] = value
+            if value is not None:
+                metrics[name].append((step, value))
+        if not fields.get("history"):
+            # Decimated history points are too sparse for a rate; live steps are not.
+            self._step_times.append((step, line.t))
+
+    def _apply_queue(self, line: StatusLine) -> None:
+        fields = line.fields
+        self.queue = fields
+        for key in LIVE_SETTINGS:
+            self.settings[key] = fields[key]
+        t = line.t
+        for name in QUEUE_VALUES:
+            self.queue_series[name].append((t, fields[name]))
+
+    def apply_gpu_reading(self, line: StatusLine) -> None:
+        """A `gpu` line from the trainer or from `gpus --follow` (box telemetry between
+        runs): updates the GPU table without touching the run."""
+        if line.kind == "gpu":
+            self._apply_gpu(line)
+
+    def _apply_gpu(self, line: StatusLine) -> None:
+        available = line["available"]
+        self.gpu_available = available
+        reason = line.get("reason")
+        self.gpu_unavailable = None if available else str(reason or "NVML unavailable")
+        self.last_gpu_arrival = self.clock()
+        t = line.t
+        for gpu in line["gpus"]:
+            index = gpu["index"]
+            self._gpus[index] = gpu
+            rows = self._gpu_rows.get(index)
+            if rows is None:
+                rows = self._gpu_rows[index] = self._new_gpu_rows(index)
+            for name, series in zip(GPU_VALUES, rows, strict=True):
+                value = gpu.get(name)
+                if value is not None:
+                    series.append((t, value))
+
+    def _new_gpu_rows(self, index: int) -> tuple[Series, ...]:
+        rows = tuple(deque(maxlen=self._gpu_history) for _ in GPU_VALUES)
+        for name, series in zip(GPU_VALUES, rows, strict=True):
+            self.gpu_series[f"gpu{index}.{name}"] = series
+        return rows
+
+    def _record(self, line: StatusLine, level: str, code: str, text: str) -> None:
+        self.events.append(EventRecord(line.t, line.seq, level, code, text))
+
+    def _apply_event(self, line: StatusLine) -> None:
+        self._record(line, line["level"], line["code"], line["message"])
+        if line["code"] == "control_applied":
+            settings = line.get("settings")
+            if isinstance(settings, Mapping):
+                pairs = [(k, v) for k, v in settings.items() if k in LIVE_SETTINGS]
+            else:
+                pairs = _SETTING_IN_MESSAGE.findall(line["message"])
+            for key, value in pairs:
+                self.settings[key] = int(value)
+        elif line["code"] == "epoch_end" and isinstance(line.get("epoch"), int):
+            self.epoch = line["epoch"]
+
+    def _apply_checkpoint(self, line: StatusLine) -> None:
+        self.checkpoint = line
+        text = f"checkpoint at step {line['step']} ({line['seconds']:.1f} s): {line['path']}"
+        self._record(line, "info", "checkpoint", text)
+
+    def _apply_profile(self, line: StatusLine) -> None:
+        self.profile = line
+
+    def _apply_end(self, line: StatusLine) -> None:
+        self.end = line
+        reason = line["reason"]
+        text = f"run ended: {reason} (exit {line['exit_code']})"
+        tail = line.get("error_tail")
+        if isinstance(tail, str) and tail.strip():
+            text += ": " + tail.strip().splitlines()[-1]
+        self._record(line, "error" if reason == "error" else "info", "run_end", text)
+
+    # -----------------------------------------------------------------------------------
+    # Reading
+
+    @property
+    def gpus(self) -> list[Mapping[str, Any]]:
+        """The latest reading of each GPU, by index."""
+        return [self._gpus[i] for i in sorted(self._gpus)]
+
+    @property
+    def gpu_history(self) -> dict[int, list[float]]:
+        """Each GPU's utilisation history (oldest first), for sparklines."""
+        history = {}
+        for index in self._gpus:
+            series = self.gpu_series.get(f"gpu{index}.util", ())
+            history[index] = [value for _, value in series]
+        return history
+
+    def latest(self, name: str) -> float | None:
+        """The newest value of a step metric (None when the trainer sent null)."""
+        return self.current[name]
+
+    def average_ktok_s(self, window: int = 100) -> float | None:
+        series = self.metrics["ktok_s"]
+        recent = [v for _, v in list(series)[-window:]]
+        return sum(recent) / len(recent) if recent else None
+
+    def last_line_age(self, now: float | None = None) -> float | None:
+        """Seconds since the last line of this run arrived (on `clock`), None before any."""
+        if self.last_arrival is None:
+            return None
+        return max(0.0, (self.clock() if now is None else now) - self.last_arrival)
+
+    def state_at(self, now: float | None = None) -> str:
+        if self.end is not None:
+            return "crashed" if self.end["reason"] == "error" else "finished"
+        if self.crashed_by_status:
+            return "crashed"
+        if self.last_arrival is None:
+            return "not_started"
+        age = self.last_line_age(now)
+        if age is not None and age > self.stall_after:
+            return "stalled"
+        return "running"
+
+    @property
+    def run_state(self) -> str:
+        """running | finished | crashed | stalled | not_started (protocol.RUN_STATES)."""
+        return self.state_at()
+
+    @property
+    def settings_in_force(self) -> dict[str, int]:
+        return {**DEFAULT_SETTINGS, **self.settings} if self.settings else {}
+
+    @property
+    def steps_per_s(self) -> float | None:
+        if len(self._step_times) < 2:
+            return None
+        (s0, t0), (s1, t1) = self._step_times[0], self._step_times[-1]
+        if t1 <= t0 or s1 <= s0:
+            return None
+        return (s1 - s0) / (t1 - t0)
+
+    @property
+    def eta_s(self) -> float | None:
+        rate = self.steps_per_s
+        if rate is None or self.total_steps is None or self.step is None or self.end:
+            return None
+        return max(0.0, (self.total_steps - self.step) / rate)
+
+    def series(self, name: str, width: int) -> list[tuple[float, float]]:
+        """Points of a series ("loss", "queue.hs_ready", "gpu0.util", ...) decimated to
+        at most `width` points, keeping each column's minimum and maximum."""
+        return decimate(self._series(name), width)
+
+    def series_names(self) -> list[str]:
+        names = list(STEP_METRICS) + [f"queue.{v}" for v in QUEUE_VALUES]
+        return names + sorted(self.gpu_series)
+
+    def _series(self, name: str) -> Series:
+        if name in self.metrics:
+            return self.metrics[name]
+        if name.startswith("queue.") and name[6:] in self.queue_series:
+            return self.queue_series[name[6:]]
+        if name in self.gpu_series:
+            return self.gpu_series[name]
+        if name.startswith("gpu"):
+            return deque()
+        raise KeyError(f"series: unknown name {name!r}")
+
+
+def decimate(points: Series | list[tuple[float, float]], width: int) -> list[tuple[float, float]]:
+    """Min/max decimation: split into width // 2 buckets of consecutive points and keep
+    each bucket's lowest and highest point, in x order, so spikes survive."""
+    n = len(points)
+    if width < 1:
+        raise ValueError(f"width: must be at least 1, got {width}")
+    if n <= width:
+        return list(points)
+    data = list(points)
+    buckets = max(1, width // 2)
+    out: list[tuple[float, float]] = []
+    for b in range(buckets):
+        chunk = data[b * n // buckets : (b + 1) * n // buckets]
+        if not chunk:
+            continue
+        lo = min(chunk, key=_y)
+        hi = max(chunk, key=_y)
+        if lo is hi:
+            out.append(lo)
+        elif lo[0] <= hi[0]:
+            out += (lo, hi)
+        else:
+            out += (hi, lo)
+    return out
+
+
+def _y(point: tuple[float, float]) -> float:
+    y = point[1]
+    return y if not math.isnan(y) else -math.inf
+
+
+_HANDLERS: dict[str, Callable[[RunState, StatusLine], None]] = {
+    "run_start": RunState._apply_start,
+    "step": RunState._apply_step,
+    "queue": RunState._apply_queue,
+    "gpu": RunState._apply_gpu,
+    "event": RunState._apply_event,
+    "checkpoint": RunState._apply_checkpoint,
+    "profile": RunState._apply_profile,
+    "run_end": RunState._apply_end,
+}
