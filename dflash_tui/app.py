@@ -1,0 +1,422 @@
+"""The console app: owns the Session and the RunState, runs the Session's I/O in workers,
+and redraws the panes from RunState on a timer (never from the I/O path)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from textual import on, work
+from textual.app import App, SystemCommand
+from textual.screen import Screen
+from textual.worker import Worker
+
+from dflash_train import protocol
+from dflash_train.protocol import Reply, StatusLine
+from dflash_tui import keymap, themes
+from dflash_tui.messages import ControlDone, LogTail, Note
+from dflash_tui.screens.host_key_prompt import HostKeyPrompt
+from dflash_tui.screens.main import MainScreen
+from dflash_tui.screens.reply import ReplyDialog
+from dflash_tui.screens.restart_dialog import RestartRequest
+from dflash_tui.sources.known_hosts import trust_host_key
+from dflash_tui.sources.session import ConnectionState, InputError, ReadOnlyError, Session
+from dflash_tui.sources.state import EventRecord, RunState
+from dflash_tui.sources.transport import HostKeyUnknown, Transport
+from dflash_tui.widgets.events_log import EventEntry, EventsLog
+from dflash_tui.widgets.gpu_table import GpuTable, render_gpus
+from dflash_tui.widgets.header import HeaderFacts, RunHeader
+from dflash_tui.widgets.hs_queue import HsQueuePane, render_queue
+from dflash_tui.widgets.loss_plot import LossPane
+from dflash_tui.widgets.throughput_plot import ThroughputPane
+
+REFRESH_HZ = 4.0
+# Plots cost the most to draw; they follow new data at most this often.
+PLOT_EVERY_S = 1.0
+NOTES_KEPT = 200
+# How often a silent or crashed run is checked with `dflash-train status`.
+STATUS_EVERY_S = 30.0
+
+
+@dataclass(frozen=True)
+class ConsoleOptions:
+    """Everything the app needs to know about where it points, gathered by the CLI."""
+
+    target_name: str
+    run_dir: str
+    read_only: bool = False
+    python: str | None = None
+    launch_defaults: Mapping[str, str] = field(default_factory=dict)
+    theme: str | None = None
+    remember: Callable[[str, Any], None] | None = None
+    follow_gpus: bool = True
+    history_points: int = 400
+
+
+Startup = Callable[["DflashApp"], Awaitable[None]]
+
+
+class DflashApp(App[None]):
+    CSS_PATH = "app.tcss"
+    TITLE = "dflash"
+
+    def __init__(
+        self,
+        transport: Transport,
+        options: ConsoleOptions,
+        *,
+        clock: Callable[[], float] = time.time,
+        startup: Startup | None = None,
+    ) -> None:
+        super().__init__()
+        self.transport = transport
+        self.options = options
+        self.clock = clock
+        self.startup = startup
+        self.state = RunState(clock=clock)
+        self.session = self._make_session()
+        self.paused = False
+        self.connection = "connecting"
+        self.notes: deque[EventEntry] = deque(maxlen=NOTES_KEPT)
+        self._last_note_key: str | None = None
+        self.log_tail: list[str] = []
+        self.log_tail_run: str | None = None
+        self._last_status_check = -math.inf
+        self._data_version = 0
+        self._plotted_version = -1
+        self._last_plot = 0.0
+        self.last_control: Worker[None] | None = None
+        self.theme_names: list[str] = []
+
+    # -- wiring ----------------------------------------------------------------------
+
+    @property
+    def read_only(self) -> bool:
+        return self.options.read_only
+
+    @property
+    def target_name(self) -> str:
+        return self.options.target_name
+
+    @property
+    def run_dir(self) -> str:
+        return self.options.run_dir
+
+    def _make_session(self) -> Session:
+        return Session(
+            self.transport,
+            run_dir=self.options.run_dir,
+            python=self.options.python,
+            read_only=self.options.read_only,
+            on_line=self._on_line,
+            on_connection=self._on_connection,
+            on_reject=self.state.count_rejected,
+            on_gpu_line=self._on_gpu_line,
+            history_points=self.options.history_points,
+            settings_in_force=self.live_settings,
+        )
+
+    def on_mount(self) -> None:
+        for theme in themes.load_themes():
+            self.register_theme(theme)
+            self.theme_names.append(theme.name)
+        wanted = self.options.theme or themes.DEFAULT_THEME
+        self.theme = wanted if wanted in self.available_themes else themes.DEFAULT_THEME
+        self.theme_changed_signal.subscribe(self, self._remember_theme)
+        self.push_screen(MainScreen())
+        self.set_interval(1 / REFRESH_HZ, self.redraw)
+        self.connect_and_follow()
+        if self.startup is not None:
+            self.run_worker(self.startup(self), group="startup", name="startup")
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        main = self.main_screen()
+        for entry in keymap.KEYMAP:
+            if main is None or not main.check_action(entry.action.split("(")[0], ()):
+                continue
+            yield SystemCommand(
+                entry.description,
+                f"{entry.help} [{keymap.shown_key(entry)}]",
+                lambda action=entry.action: self.call_later(main.run_action, action),
+            )
+        for name in self.theme_names:
+            yield SystemCommand(
+                f"Theme: {name}", "switch the colour theme", lambda n=name: self._set_theme(n)
+            )
+
+    def main_screen(self) -> MainScreen | None:
+        for screen in self.screen_stack:
+            if isinstance(screen, MainScreen):
+                return screen
+        return None
+
+    # -- stream I/O (workers) --------------------------------------------------------
+
+    def _on_line(self, line: StatusLine) -> None:
+        self.state.apply(line)
+        self._data_version += 1
+
+    def _on_gpu_line(self, line: StatusLine) -> None:
+        # `gpus --follow` readings fill the pane only while no trainer reports its own
+        # (the trainer's lines carry each GPU's role in the run).
+        if self.state.run_state not in ("running", "stalled"):
+            self.state.apply_gpu_reading(line)
+            self._data_version += 1
+
+    def _on_connection(self, state: ConnectionState) -> None:
+        self.connection = state.status
+        if state.status == "reconnecting":
+            self.note("warning", f"reconnecting in {state.next_in:.0f} s: {state.reason}", "conn")
+        elif state.status == "failed":
+            self.note("error", f"connection failed: {state.reason}", "conn")
+            if isinstance(state.error, HostKeyUnknown):
+                self.call_later(self.offer_host_key, state.error)
+
+    @work(group="stream", exclusive=True, name="follow")
+    async def connect_and_follow(self) -> None:
+        if self.options.follow_gpus:
+            self.run_worker(self.session.follow_gpus(), group="gpus", name="gpus", exclusive=True)
+        await self.session.follow()
+
+    def offer_host_key(self, exc: HostKeyUnknown) -> None:
+        if exc.changed or exc.key is None or exc.known_hosts_path is None:
+            return  # a changed key is never offered for trust from here
+
+        def answer(yes: bool | None) -> None:
+            if not yes or exc.key is None or exc.known_hosts_path is None:
+                self.note("warning", "host key refused: not connecting")
+                return
+            trust_host_key(exc.host, exc.port, exc.key, exc.known_hosts_path)
+            self.note("info", f"trusted {exc.host}:{exc.port} ({exc.fingerprint})")
+            self.connect_and_follow()
+
+        self.push_screen(HostKeyPrompt(exc.host, exc.port, exc.fingerprint), answer)
+
+    # -- control (workers) -----------------------------------------------------------
+
+    def _control(self, command: str, call: Callable[[], Awaitable[Reply]]) -> None:
+        async def send() -> None:
+            try:
+                reply = await call()
+            except ReadOnlyError as exc:
+                self.post_message(ControlDone(command, None, f"refused: {exc}"))
+            except InputError as exc:
+                self.post_message(ControlDone(command, None, f"not sent: {exc}"))
+            except Exception as exc:  # any transport failure is reported, never raised
+                self.post_message(ControlDone(command, None, f"{type(exc).__name__}: {exc}"))
+            else:
+                self.post_message(ControlDone(command, reply))
+
+        self.note("info", f"{command}: sent")
+        self.last_control = self.run_worker(send(), group="control", name=command)
+
+    def send_launch(self, argv: Sequence[str]) -> None:
+        self._control("launch", lambda: self.session.launch(list(argv)))
+
+    def send_restart(self, request: RestartRequest) -> None:
+        self._control(
+            "restart",
+            lambda: self.session.restart(fresh=request.fresh, overrides=request.overrides),
+        )
+
+    def send_stop(self) -> None:
+        self._control("stop", lambda: self.session.stop())
+
+    def send_min_ready(self, value: int) -> None:
+        self._control("set", lambda: self.session.set_setting("hs_min_ready", str(value)))
+        self._remember("hs_min_ready", value)
+
+    @on(ControlDone)
+    def _control_done(self, message: ControlDone) -> None:
+        if message.reply is None:
+            self.note("error", f"{message.command}: {message.problem}")
+            return
+        reply = message.reply
+        if reply.ok:
+            self.note("info", f"{message.command}: ok")
+        else:
+            self.note("error", f"{message.command}: {reply.error} [{reply.error_code}]")
+        if message.command != "set" or not reply.ok:
+            self.push_screen(ReplyDialog(reply))
+
+    @on(Note)
+    def _note_message(self, message: Note) -> None:
+        self.note(message.level, message.text, message.key)
+
+    @on(LogTail)
+    def _log_tail(self, message: LogTail) -> None:
+        self.log_tail = message.lines
+        self.log_tail_run = message.run_id
+        self.request_redraw()
+
+    @work(group="status", exclusive=True, name="status")
+    async def check_status(self) -> None:
+        """Ask the box itself: a trainer that died without run_end only shows as silence
+        in the stream; `status` knows, and sends the train.log tail."""
+        try:
+            reply = await self.session.status()
+        except Exception as exc:  # shown, not raised: the console keeps running
+            self.post_message(Note("warning", f"status: {exc}", key="status"))
+            return
+        self.state.apply_status(reply)
+        if reply.ok and reply.data.get("state") == "crashed":
+            tail = reply.data.get("log_tail") or reply.data.get("error_tail") or []
+            lines = tail.splitlines() if isinstance(tail, str) else [str(t) for t in tail]
+            self.post_message(LogTail(self.state.run_id, lines))
+
+    # -- view state ------------------------------------------------------------------
+
+    def note(self, level: str, text: str, key: str | None = None) -> None:
+        if key is not None and self.notes and self._last_note_key == key:
+            self.notes.pop()
+        self._last_note_key = key
+        self.notes.append(EventEntry(self.clock(), level, text, source="console"))
+        self.request_redraw()
+
+    def request_redraw(self) -> None:
+        self._plotted_version = -1
+        self.call_later(self.redraw)
+
+    def launch_defaults(self) -> dict[str, str]:
+        defaults = {k: str(v) for k, v in self.options.launch_defaults.items()}
+        for key in ("hs_min_ready", "hs_queue_depth"):
+            if key in self.state.settings:
+                defaults.setdefault(key, str(self.state.settings[key]))
+        return defaults
+
+    def live_settings(self) -> dict[str, int]:
+        return {**protocol.DEFAULT_SETTINGS, **self.state.settings}
+
+    def run_label(self) -> str:
+        return f"{self.state.run_id or '(no run id yet)'} in {self.run_dir}"
+
+    def cycle_theme(self) -> None:
+        names = self.theme_names or [self.theme]
+        current = names.index(self.theme) if self.theme in names else -1
+        self._set_theme(names[(current + 1) % len(names)])
+
+    def _set_theme(self, name: str) -> None:
+        self.theme = name
+        self.request_redraw()
+
+    def _remember_theme(self, theme: Any) -> None:
+        self._remember("theme", theme.name)
+
+    def _remember(self, key: str, value: Any) -> None:
+        if self.options.remember is None:
+            return
+        try:
+            self.options.remember(key, value)
+        except OSError as exc:
+            self.note("warning", f"could not save {key}: {exc}")
+
+    # -- drawing ---------------------------------------------------------------------
+
+    def colours(self) -> dict[str, str]:
+        variables = self.theme_variables
+        names = ("primary", "secondary", "accent", "warning", "error", "success")
+        return {name: variables.get(name, "") for name in names}
+
+    def badge(self) -> str:
+        if self.connection not in ("connected", "live"):
+            return self.connection
+        return self.state.run_state
+
+    def redraw(self) -> None:
+        main = self.main_screen()
+        if main is None or not main.is_attached:
+            return
+        now = self.clock()
+        colours = self.colours()
+        state = self.state
+        self.maybe_check_status(now)
+        header = main.query_one(RunHeader)
+        if header.display:
+            header.show(self.header_facts(now), colours)
+        if self.paused:
+            return
+        gpus = main.query_one(GpuTable)
+        if gpus.display:
+            gpus.update(
+                render_gpus(
+                    state.gpus, state.gpu_history, colours, unavailable=state.gpu_unavailable
+                )
+            )
+        queue = main.query_one(HsQueuePane)
+        if queue.display:
+            queue.update(render_queue(state.queue, colours, queue.content_size.width))
+        events = main.query_one(EventsLog)
+        if events.display:
+            rejected = sum(state.rejected_lines.values())
+            events.show(self.event_entries(), self.log_tail, colours, rejected)
+        plots_due = now - self._last_plot >= PLOT_EVERY_S or self._plotted_version < 0
+        if self._data_version != self._plotted_version and plots_due:
+            self._plotted_version = self._data_version
+            self._last_plot = now
+            self.draw_plots(main)
+
+    def maybe_check_status(self, now: float) -> None:
+        state = self.state
+        if state.run_state not in ("stalled", "crashed") or self.log_tail_run == state.run_id:
+            return
+        if now - self._last_status_check < STATUS_EVERY_S:
+            return
+        self._last_status_check = now
+        self.check_status()
+
+    def draw_plots(self, main: MainScreen) -> None:
+        state = self.state
+        throughput = main.query_one(ThroughputPane)
+        if throughput.display:
+            width = max(throughput.content_size.width, 20)
+            throughput.show(
+                state.series("ktok_s", width), state.latest("ktok_s"), state.average_ktok_s()
+            )
+        loss = main.query_one(LossPane)
+        if loss.display:
+            width = max(loss.content_size.width, 20)
+            loss.show(
+                state.series("loss", width),
+                state.latest("loss"),
+                state.latest("acc"),
+                state.latest("tau"),
+            )
+
+    def header_facts(self, now: float) -> HeaderFacts:
+        state = self.state
+        return HeaderFacts(
+            target=self.target_name,
+            run_dir=self.run_dir,
+            run_id=state.run_id,
+            badge=self.badge(),
+            read_only=self.read_only,
+            paused=self.paused,
+            epoch=state.epoch,
+            epochs=state.epochs,
+            epoch_fraction=state.epoch_progress,
+            step=state.step,
+            total_steps=state.total_steps,
+            eta_s=state.eta_s,
+            age_s=state.last_line_age(now),
+        )
+
+    def event_entries(self) -> list[EventEntry]:
+        from_run = [entry for line in self.state.events if (entry := run_event(line))]
+        return sorted([*from_run, *self.notes], key=lambda e: e.t)
+
+
+def run_event(record: EventRecord) -> EventEntry | None:
+    """How a stream event reads in the events pane (None: not worth a row)."""
+    if record.code == "history_end":
+        return None
+    text = (
+        record.text
+        if record.code in ("checkpoint", "run_end")
+        else f"{record.text} [{record.code}]"
+    )
+    return EventEntry(record.t, record.level, text)

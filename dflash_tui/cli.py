@@ -1,0 +1,208 @@
+"""`dflash-tui`: parse where the console points (a profile, `[user@]host[:port]`, or this
+machine), build the transport, and start the app; `dflash-tui demo` runs the local demo.
+`--help` needs no connection and imports no Textual."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+# Plain modules (no Textual): `--help` stays fast and needs no terminal.
+from dflash_tui.sources.profiles import (
+    LaunchDefaults,
+    Profile,
+    ProfileError,
+    load_config,
+    remember,
+)
+
+if TYPE_CHECKING:
+    from dflash_tui.app import DflashApp
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    host: str
+    username: str | None
+    port: int | None
+
+
+class UsageError(ValueError):
+    """One line naming the argument at fault."""
+
+
+def parse_host(text: str) -> HostSpec:
+    """`[user@]host[:port]`; IPv6 literals go in brackets: `[::1]:2222`."""
+    user, _, rest = text.rpartition("@")
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        port_text = tail.removeprefix(":") if tail.startswith(":") else ""
+        if tail and not tail.startswith(":"):
+            raise UsageError(f"host: cannot read {text!r}")
+    else:
+        host, sep, port_text = rest.partition(":")
+        if not sep:
+            port_text = ""
+    if not host:
+        raise UsageError(f"host: no host name in {text!r}")
+    port = None
+    if port_text:
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise UsageError(f"host: port {port_text!r} is not a number in 1..65535")
+        port = int(port_text)
+    return HostSpec(host, user or None, port)
+
+
+def exec_prefix(args: argparse.Namespace) -> list[str]:
+    if args.container is not None and args.exec_prefix is not None:
+        raise UsageError("--container and --exec-prefix: give one, not both")
+    if args.container is not None:
+        if not args.container.isdigit():
+            raise UsageError(
+                f"--container: expected a numeric container id, got {args.container!r}"
+            )
+        return ["pct", "exec", args.container, "--"]
+    if args.exec_prefix is not None:
+        try:
+            words = shlex.split(args.exec_prefix)
+        except ValueError as exc:
+            raise UsageError(f"--exec-prefix: cannot split: {exc}") from None
+        if not words:
+            raise UsageError("--exec-prefix: empty")
+        return words
+    return []
+
+
+# What the launch form offers where the profile says nothing.
+FORM_DEFAULTS = {
+    "pipeline": "async",
+    "epochs": "6",
+    "lr": "6e-4",
+    "hs_queue_depth": "8",
+    "hs_min_ready": "2",
+}
+
+
+def form_defaults(launch: LaunchDefaults) -> dict[str, str]:
+    """A profile's launch defaults as the launch form's text fields."""
+    values = dict(FORM_DEFAULTS)
+    for name in ("target_model", "data_dir", "target_gpus", "drafter_gpus", "epochs", "lr"):
+        value = getattr(launch, name)
+        if value is not None:
+            values[name] = str(value)
+    for name in ("hs_queue_depth", "hs_min_ready"):
+        value = getattr(launch, name)
+        if value is not None:
+            values[name] = str(value)
+    extra = list(launch.extra_args)
+    if launch.max_length is not None:
+        extra = ["--max-length", str(launch.max_length), *extra]
+    values["extra"] = shlex.join(extra)
+    return values
+
+
+def choose_profile(args: argparse.Namespace, prefix: list[str]) -> Profile:
+    """The profile named by WHERE (or the default one), or an ad-hoc one for a host, with
+    the command line's flags on top."""
+    config = load_config()
+    where = args.where
+    if where is None or where in config.profiles:
+        profile = config.get(where)
+    elif where in ("local", "localhost"):
+        profile = Profile(where)
+    else:
+        spec = parse_host(where)
+        profile = Profile(where, host=spec.host, port=spec.port, user=spec.username)
+    changes: dict[str, object] = {}
+    if prefix:
+        changes |= {"container": None, "exec_prefix": tuple(prefix)}
+    for name in ("run_dir", "python", "jump", "theme"):
+        if getattr(args, name) is not None:
+            changes[name] = getattr(args, name)
+    if args.watch:
+        changes["watch"] = True
+    return replace(profile, **changes)  # type: ignore[arg-type]
+
+
+def build_console(args: argparse.Namespace, prefix: list[str]) -> DflashApp:
+    from dflash_tui.app import ConsoleOptions, DflashApp
+
+    profile = choose_profile(args, prefix)
+    transport = profile.transport()
+    options = ConsoleOptions(
+        target_name=transport.description,
+        run_dir=profile.run_dir,
+        read_only=profile.watch,
+        python=profile.python,
+        launch_defaults=form_defaults(profile.launch),
+        theme=profile.theme,
+        remember=remember_in(profile.name),
+    )
+    return DflashApp(transport, options)
+
+
+def remember_in(profile_name: str) -> Callable[[str, Any], None]:
+    def store(key: str, value: Any) -> None:
+        try:
+            remember(profile_name, key, value)
+        except ProfileError as exc:
+            raise OSError(str(exc)) from None
+
+    return store
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dflash-tui",
+        description="Operator console for dflash training runs. `dflash-tui demo` starts a "
+        "local demo (no host, no GPU).",
+        epilog="keys: l launch, R restart, S stop, m hs_min_ready, 1-6 panes, t theme, "
+        "p pause, ? help, q quit (the run keeps running)",
+    )
+    parser.add_argument(
+        "where",
+        nargs="?",
+        metavar="PROFILE | [user@]host[:port]",
+        help="a profile from the config file, an SSH destination, or 'demo'; "
+        "none means this machine",
+    )
+    box = parser.add_mutually_exclusive_group()
+    box.add_argument("--container", metavar="ID", help="run commands in `pct exec ID --`")
+    box.add_argument(
+        "--exec-prefix", metavar='"..."', help='argv prefix, e.g. "docker exec trainer"'
+    )
+    parser.add_argument("--run-dir", metavar="DIR", help="the run directory on the box")
+    parser.add_argument(
+        "--python", metavar="PATH", help="Python on the box that has dflash_train installed"
+    )
+    parser.add_argument("--jump", metavar="HOST", help="SSH jump host, [user@]host[:port]")
+    parser.add_argument(
+        "--watch", action="store_true", help="read only: no launch, restart, stop or set"
+    )
+    parser.add_argument("--theme", metavar="NAME", help="colour theme (t cycles them)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.where == "demo":
+            from dflash_tui.demo import run_demo
+
+            return run_demo(watch=args.watch, theme=args.theme)
+        app = build_console(args, exec_prefix(args))
+    except UsageError as exc:
+        parser.error(str(exc))
+    except ValueError as exc:  # ProfileError, InputError: already one line naming the field
+        parser.exit(2, f"dflash-tui: {exc}\n")
+    app.run()
+    return int(app.return_code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

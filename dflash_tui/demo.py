@@ -1,0 +1,168 @@
+"""`dflash-tui demo`: no host, no GPU. A run directory in the user's cache, data prepared by
+the real SmolLM2 target on first use (its progress streamed into the events pane), then a
+real CPU training run launched through the control plane; an already running demo is
+attached to instead."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import platformdirs
+
+from dflash_tui.messages import ControlDone, Note
+
+if TYPE_CHECKING:
+    from dflash_tui.app import DflashApp
+
+DEMO_SAMPLES = 64
+# The values the launch form offers, and what the demo launches with: a one-layer drafter
+# and short sequences so 2 CPU cores make visible progress; many epochs so it keeps going.
+DEMO_TRAIN = {
+    "target_model": "smollm2",
+    "target_gpus": "cpu",
+    "drafter_gpus": "cpu",
+    "pipeline": "async",
+    "epochs": "1000",
+    "lr": "6e-4",
+    "hs_queue_depth": "8",
+    "hs_min_ready": "2",
+    "max_steps": "",
+    "extra": "--draft-layers 1 --max-length 256 --block-size 8 --num-anchors 8 "
+    "--save-every 200 --keep-checkpoints 2",
+}
+PROGRESS_EVERY_S = 1.0
+_SPLIT = re.compile(rb"[\r\n]+")
+
+
+@dataclass(frozen=True)
+class DemoPaths:
+    root: Path
+
+    @classmethod
+    def default(cls) -> DemoPaths:
+        return cls(Path(platformdirs.user_cache_dir("dflash")) / "demo")
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def ready_marker(self) -> Path:
+        # Written only after prepare exits 0, so an interrupted prepare is redone.
+        return self.root / "data.ready"
+
+
+def launch_defaults(paths: DemoPaths) -> dict[str, str]:
+    return {**DEMO_TRAIN, "data_dir": str(paths.data_dir)}
+
+
+def prepare_argv(paths: DemoPaths) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "dflash_train",
+        "prepare",
+        "--target-model",
+        "smollm2",
+        "--prompts",
+        "builtin",
+        "--out",
+        str(paths.data_dir),
+        "--samples",
+        str(DEMO_SAMPLES),
+    ]
+
+
+async def prepare_data(app: DflashApp, paths: DemoPaths) -> bool:
+    """Runs `dflash-train prepare`, forwarding its stderr progress (tqdm redraws with \\r)
+    into the events pane at most once a second."""
+    paths.root.mkdir(parents=True, exist_ok=True)
+    argv = prepare_argv(paths)
+    app.post_message(Note("info", "preparing demo data with SmolLM2 (first run only)…"))
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert proc.stderr is not None
+    pending = b""
+    last_shown = 0.0
+    tail: list[str] = []
+    try:
+        while chunk := await proc.stderr.read(4096):
+            parts = _SPLIT.split(pending + chunk)
+            pending = parts.pop()
+            for raw in parts:
+                text = raw.decode("utf-8", "replace").strip()
+                if not text:
+                    continue
+                tail = [*tail[-19:], text]
+                if time.monotonic() - last_shown >= PROGRESS_EVERY_S:
+                    last_shown = time.monotonic()
+                    app.post_message(Note("info", f"prepare: {text}", key="prepare"))
+        rc = await proc.wait()
+    except asyncio.CancelledError:
+        proc.terminate()
+        raise
+    if rc != 0:
+        app.post_message(Note("error", f"prepare failed (exit {rc}): {' | '.join(tail[-3:])}"))
+        return False
+    paths.ready_marker.write_text("ok\n", encoding="utf-8")
+    app.post_message(Note("info", "demo data ready", key="prepare"))
+    return True
+
+
+async def start_demo_run(app: DflashApp, paths: DemoPaths) -> None:
+    """Attach when a demo run is already alive; otherwise prepare (once) and launch."""
+    status = await app.session.status()
+    if status.ok and status.data.get("state") in ("running", "stalled"):
+        app.post_message(Note("info", f"attached to the running demo run in {paths.run_dir}"))
+        return
+    if not paths.ready_marker.exists() and not await prepare_data(app, paths):
+        return
+    from dflash_tui.screens.launch_fields import train_args
+
+    app.post_message(Note("info", "launching the demo run (CPU, tiny drafter)…"))
+    reply = await app.session.launch(train_args(launch_defaults(paths)))
+    if reply.ok:
+        app.post_message(Note("info", "demo run launched; q leaves it running, S stops it"))
+    else:
+        app.post_message(ControlDone("launch", reply))
+
+
+def run_demo(*, watch: bool = False, theme: str | None = None) -> int:
+    from dflash_tui.app import ConsoleOptions, DflashApp
+    from dflash_tui.cli import remember_in
+    from dflash_tui.sources.transport import LocalTransport
+
+    paths = DemoPaths.default()
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
+    options = ConsoleOptions(
+        target_name="demo (this machine)",
+        run_dir=str(paths.run_dir),
+        read_only=watch,
+        python=sys.executable,
+        launch_defaults=launch_defaults(paths),
+        theme=theme,
+        remember=remember_in("demo"),
+    )
+
+    async def startup(app: DflashApp) -> None:
+        if not watch:
+            await start_demo_run(app, paths)
+
+    app = DflashApp(LocalTransport(), options, startup=startup)
+    app.run()
+    return int(app.return_code or 0)

@@ -1,0 +1,75 @@
+"""The one table of key bindings. It feeds the footer (as Textual bindings with ids, so users
+can remap them), the help screen and the command palette; `mutating` marks what watch mode
+must refuse."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.binding import Binding
+
+
+@dataclass(frozen=True)
+class KeyAction:
+    id: str
+    key: str
+    action: str
+    description: str
+    help: str
+    mutating: bool = False
+    show: bool = True
+    key_display: str | None = None
+
+
+PANES: tuple[tuple[str, str], ...] = (
+    ("gpus", "GPUs"),
+    ("queue", "HS queue"),
+    ("throughput", "throughput"),
+    ("loss", "loss"),
+    ("events", "events"),
+    ("header", "header"),
+)
+
+KEYMAP: tuple[KeyAction, ...] = (
+    KeyAction("launch", "l", "launch", "Launch", "start a run from a form prefilled by the profile",
+              mutating=True),
+    KeyAction("restart", "R", "restart", "Restart",
+              "stop and start again: resume or fresh, with overrides", mutating=True),
+    KeyAction("stop", "S", "stop", "Stop", "stop the run (checkpoint first), after a confirmation",
+              mutating=True),
+    KeyAction("min_ready", "m", "min_ready", "Min-ready",
+              "change hs_min_ready live on the running trainer", mutating=True),
+    KeyAction("pause", "p", "pause", "Pause", "freeze the screen; data keeps arriving underneath"),
+    KeyAction("theme", "t", "cycle_theme", "Theme", "next colour theme (remembered)"),
+    KeyAction("loss_log", "g", "toggle_log_scale", "Log loss",
+              "loss plot: logarithmic y axis on/off", show=False),
+    KeyAction("loss_smooth", "s", "toggle_smoothing", "Smooth",
+              "loss plot: moving-average smoothing on/off", show=False),
+    *(
+        KeyAction(f"pane_{name}", str(i), f"toggle_pane('{name}')", title,
+                  f"show or hide the {title} pane", show=False)
+        for i, (name, title) in enumerate(PANES, start=1)
+    ),
+    KeyAction("help", "question_mark", "help", "Help", "this list of keys", key_display="?"),
+    KeyAction("quit", "q", "app.quit", "Quit", "leave the console; the run keeps running"),
+)  # fmt: skip
+
+MUTATING_ACTIONS = frozenset(k.action for k in KEYMAP if k.mutating)
+
+
+def bindings() -> list[Binding]:
+    return [
+        Binding(
+            k.key,
+            k.action,
+            k.description,
+            show=k.show,
+            key_display=k.key_display,
+            id=f"dflash.{k.id}",
+        )
+        for k in KEYMAP
+    ]
+
+
+def shown_key(entry: KeyAction) -> str:
+    return entry.key_display or entry.key

@@ -1,0 +1,84 @@
+"""The launch form (`l`): fields prefilled from the profile, each checked as it is typed with
+the reason right under it; it only closes with a complete, valid argv."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Static
+
+from dflash_tui.screens.launch_fields import (
+    LAUNCH_FIELDS,
+    FieldError,
+    check_field,
+    train_args,
+    validate_form,
+)
+
+
+class LaunchForm(ModalScreen[list[str] | None]):
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, defaults: Mapping[str, str], *, target: str) -> None:
+        super().__init__()
+        self.defaults = dict(defaults)
+        self.target = target
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="launch-dialog", classes="dialog"):
+            yield Static(f"Launch a run on {self.target}", classes="dialog-title")
+            with VerticalScroll(id="launch-fields"):
+                for spec in LAUNCH_FIELDS:
+                    with Horizontal(classes="form-row"):
+                        yield Label(spec.label, classes="form-label")
+                        with Vertical(classes="form-cell"):
+                            yield Input(
+                                self.defaults.get(spec.name, ""),
+                                placeholder=spec.placeholder,
+                                id=f"field-{spec.name}",
+                            )
+                            yield Static("", id=f"error-{spec.name}", classes="field-error")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Launch…", id="submit", variant="primary")
+                yield Button("Cancel", id="cancel")
+
+    def raw_values(self) -> dict[str, str]:
+        return {s.name: self.query_one(f"#field-{s.name}", Input).value for s in LAUNCH_FIELDS}
+
+    def show_error(self, name: str, message: str) -> None:
+        error = self.query_one(f"#error-{name}", Static)
+        error.update(message)
+        error.set_class(bool(message), "shown")
+        self.query_one(f"#field-{name}", Input).set_class(bool(message), "invalid")
+
+    @on(Input.Changed)
+    def _check_one(self, event: Input.Changed) -> None:
+        name = (event.input.id or "").removeprefix("field-")
+        try:
+            check_field(name, event.value)
+        except FieldError as exc:
+            self.show_error(name, str(exc))
+        else:
+            self.show_error(name, "")
+
+    @on(Input.Submitted)
+    @on(Button.Pressed, "#submit")
+    def submit(self) -> None:
+        values, errors = validate_form(self.raw_values())
+        for spec in LAUNCH_FIELDS:
+            self.show_error(spec.name, errors.get(spec.name, ""))
+        if errors:
+            first = next(s.name for s in LAUNCH_FIELDS if s.name in errors)
+            self.query_one(f"#field-{first}", Input).focus()
+            return
+        self.dismiss(train_args(values))
+
+    @on(Button.Pressed, "#cancel")
+    def action_cancel(self) -> None:
+        self.dismiss(None)

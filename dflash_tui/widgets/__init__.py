@@ -1,0 +1,1 @@
+"""The dashboard's panes, one file each; every pane redraws itself from RunState."""

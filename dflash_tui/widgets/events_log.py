@@ -1,0 +1,60 @@
+"""The events pane: control acks, checkpoints, warnings, console notes (replies, demo
+progress), the count of rejected stream lines, and the train.log tail when a run crashes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.widgets import Static
+
+
+@dataclass(frozen=True)
+class EventEntry:
+    t: float
+    level: str  # info | warning | error
+    text: str
+    source: str = "run"  # run | console
+
+
+def clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def render_events(
+    entries: Sequence[EventEntry],
+    log_tail: Sequence[str],
+    colours: Mapping[str, str],
+    *,
+    rows: int,
+) -> Text:
+    lines: list[Text] = []
+    for entry in entries:
+        colour = {"warning": colours["warning"], "error": colours["error"]}.get(entry.level, "")
+        line = Text(no_wrap=True, overflow="ellipsis")
+        line.append(clock(entry.t) + " ", style="dim")
+        line.append("» " if entry.source == "console" else "· ", style=colours["accent"])
+        line.append(entry.text, style=colour)
+        lines.append(line)
+    if log_tail:
+        lines.append(Text("── train.log (tail) ──", style=f"bold {colours['error']}"))
+        lines.extend(Text(row, no_wrap=True, overflow="ellipsis") for row in log_tail)
+    if not lines:
+        return Text("no events yet", style="dim")
+    return Text("\n").join(lines[-max(rows, 1) :])
+
+
+class EventsLog(Static):
+    BORDER_TITLE = "5 events"
+
+    def show(
+        self,
+        entries: Sequence[EventEntry],
+        log_tail: Sequence[str],
+        colours: Mapping[str, str],
+        rejected: int,
+    ) -> None:
+        self.border_subtitle = f"rejected lines: {rejected}" if rejected else ""
+        self.update(render_events(entries, log_tail, colours, rows=self.content_size.height))

@@ -1,0 +1,86 @@
+"""The header: where we are (host, container, run), the state badge, epoch and step progress,
+ETA and how stale the data is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.widgets import Static
+
+from dflash_tui.widgets import units
+
+BADGE_STYLE = {
+    "running": "success",
+    "finished": "primary",
+    "crashed": "error",
+    "stalled": "warning",
+    "not_started": "secondary",
+    "reconnecting": "warning",
+    "disconnected": "error",
+    "connecting": "secondary",
+}
+STALE_AFTER_S = 30.0
+
+
+@dataclass(frozen=True)
+class HeaderFacts:
+    """What the header shows, gathered by the app from the session and RunState."""
+
+    target: str
+    run_dir: str
+    run_id: str | None
+    badge: str
+    read_only: bool
+    paused: bool
+    epoch: int | None
+    epochs: int | None
+    epoch_fraction: float | None
+    step: int | None
+    total_steps: int | None
+    eta_s: float | None
+    age_s: float | None
+
+
+class RunHeader(Static):
+    DEFAULT_CSS = "RunHeader { height: 2; }"
+
+    def show(self, facts: HeaderFacts, colours: dict[str, str]) -> None:
+        self.update(render_header(facts, colours, self.size.width or 120))
+
+
+def render_header(facts: HeaderFacts, colours: dict[str, str], width: int) -> Text:
+    top = Text(no_wrap=True, overflow="ellipsis")
+    top.append(" dflash ", style=f"bold reverse {colours['primary']}")
+    top.append(f" {facts.target} ", style="bold")
+    top.append(f"│ {facts.run_dir} │ run ", style="dim")
+    top.append(facts.run_id or "–", style="bold")
+    top.append("  ")
+    badge_colour = colours[BADGE_STYLE.get(facts.badge, "secondary")]
+    top.append(f" {facts.badge.upper().replace('_', ' ')} ", style=f"bold reverse {badge_colour}")
+    if facts.read_only:
+        top.append("  ")
+        top.append(" 🔒 READ-ONLY ", style=f"bold reverse {colours['warning']}")
+    if facts.paused:
+        top.append("  ")
+        top.append(" ⏸ PAUSED ", style=f"bold reverse {colours['accent']}")
+
+    bottom = Text(no_wrap=True, overflow="ellipsis")
+    epoch = "–" if facts.epoch is None else str(facts.epoch)
+    epochs = "–" if facts.epochs is None else str(facts.epochs)
+    bottom.append(f" epoch {epoch}/{epochs} ")
+    bar_width = max(10, min(30, width // 6))
+    bottom.append(units.bar(facts.epoch_fraction, bar_width), style=colours["primary"])
+    bottom.append(f" {units.percent(facts.epoch_fraction)}")
+    step = "–" if facts.step is None else f"{facts.step:,}"
+    total = "" if facts.total_steps is None else f"/{facts.total_steps:,}"
+    bottom.append(f"  │ step {step}{total}  │ ETA {units.duration(facts.eta_s)}  │ ")
+    if facts.age_s is None:
+        bottom.append("no data yet", style="dim")
+    else:
+        stale = facts.age_s > STALE_AFTER_S
+        bottom.append(
+            f"last update {units.duration(facts.age_s)} ago",
+            style=f"bold {colours['warning']}" if stale else "",
+        )
+    return Text("\n").join([top, bottom])
