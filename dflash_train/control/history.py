@@ -1,0 +1,347 @@
+"""A decimated summary of a stream's past, so a console attaching to a days-old run draws
+it at once: at most `points` lines per series (step metrics, per-GPU readings, queue
+values), min/max-preserving, plus run_start/run_end/checkpoint/event lines kept whole up to
+a cap. Every summary line is a normal protocol line with `"history": true` added.
+
+One pass, bounded memory: lines fall into buckets of `width` consecutive lines; when there
+are too many buckets, neighbours merge and `width` doubles. A bucket keeps its first and
+last raw line and, per value, the min and max with the seq where each occurred.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dflash_train import protocol
+from dflash_train.control.tail import ENVELOPE_PREFIX, decoded
+
+# A value's place in a line: ("loss",) or ("gpus", gpu_index, "util").
+Key = tuple[Any, ...]
+Extremum = tuple[float, int]  # (value, seq)
+Columns = dict[Key, list[float | None]]
+
+_NUMBER = rb"(null|-?[0-9][-+.eE0-9]*)"
+# lr follows its schedule: the bucket's first and last values are enough.
+_STEP_VALUES = ("loss", "acc", "tau", "grad_norm", "ktok_s")
+_QUEUE_VALUES = ("hs_ready", "producer_wait", "consumer_wait", "starved")
+_GPU_VALUES = ("util", "mem_used", "power_w", "temp_c")
+# How many whole lines of each kind the summary keeps (the newest ones).
+WHOLE_CAPS: dict[str, int] = {
+    "run_start": 50,
+    "run_end": 50,
+    "checkpoint": 100,
+    "event": 500,
+    "profile": 1,
+}
+
+
+def _numbers(found: list[bytes]) -> list[float | None]:
+    try:
+        return list(map(float, found))
+    except ValueError:
+        return [None if raw == b"null" else float(raw) for raw in found]
+
+
+def _as_number(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+class _Scanner:
+    """Pulls named numbers out of a batch of same-shaped lines in one regex scan: the
+    names' order is read from the first and last line, and every line must repeat it;
+    otherwise (a line from another writer) each line is decoded on its own."""
+
+    def __init__(
+        self,
+        names: tuple[str, ...],
+        readings: Callable[[dict[str, Any]], dict[Key, Any]] | None = None,
+    ) -> None:
+        alternatives = b"|".join(n.encode() for n in names)
+        self.values = re.compile(b'"(?:' + alternatives + b')":' + _NUMBER)
+        self.named = re.compile(b'"(' + alternatives + b')":' + _NUMBER)
+        self.readings = readings or (lambda obj: {(name,): obj.get(name) for name in names})
+
+    def columns(self, lines: list[bytes]) -> Columns:
+        shape = self._shape(lines[0])
+        found = self.values.findall(b"\n".join(lines))
+        if not shape or shape != self._shape(lines[-1]) or len(found) != len(shape) * len(lines):
+            return _decoded_columns(lines, self.readings)
+        values = _numbers(found)
+        keys = self._keys(shape, values[: len(shape)])
+        if keys is None:
+            return _decoded_columns(lines, self.readings)
+        width = len(shape)
+        cols: Columns = {}
+        for i, key in enumerate(keys):
+            column = values[i::width]
+            if key is not None:
+                cols[key] = column
+            elif column.count(column[0]) != len(column):
+                # A position that names what follows (a GPU index) differs between lines.
+                return _decoded_columns(lines, self.readings)
+        return cols
+
+    def _shape(self, line: bytes) -> list[str]:
+        return [name.decode() for name, _ in self.named.findall(line)]
+
+    def _keys(self, shape: list[str], first: list[float | None]) -> list[Key | None] | None:
+        return [(name,) for name in shape]
+
+
+class _GpuScanner(_Scanner):
+    """Per-GPU values: each reading is `index` followed by its fields; the k-th GPU's
+    values sit at fixed positions of every line when all lines list the same GPUs."""
+
+    def __init__(self) -> None:
+        super().__init__(("index", *_GPU_VALUES), _gpu_readings)
+
+    def _keys(self, shape: list[str], first: list[float | None]) -> list[Key | None] | None:
+        keys: list[Key | None] = []
+        index: int | None = None
+        for name, value in zip(shape, first, strict=True):
+            if name == "index":
+                index = None if value is None else int(value)
+                keys.append(None)
+            elif index is None:
+                return None
+            else:
+                keys.append(("gpus", index, name))
+        return keys
+
+
+def _gpu_readings(obj: dict[str, Any]) -> dict[Key, Any]:
+    found: dict[Key, Any] = {}
+    gpus = obj.get("gpus")
+    for gpu in gpus if isinstance(gpus, list) else []:
+        if isinstance(gpu, dict) and type(gpu.get("index")) is int:
+            for name in _GPU_VALUES:
+                found[("gpus", gpu["index"], name)] = gpu.get(name)
+    return found
+
+
+def _decoded_columns(
+    lines: list[bytes], readings: Callable[[dict[str, Any]], dict[Key, Any]]
+) -> Columns:
+    cols: Columns = {}
+    for row, line in enumerate(lines):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            for key, value in readings(obj).items():
+                cols.setdefault(key, [None] * len(lines))[row] = _as_number(value)
+    return cols
+
+
+@dataclass
+class _Bucket:
+    first: bytes
+    first_seq: int
+    last: bytes
+    last_seq: int
+    count: int
+    lo: dict[Key, Extremum] = field(default_factory=dict)
+    hi: dict[Key, Extremum] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, seqs: list[int], lines: list[bytes], cols: Columns) -> _Bucket:
+        bucket = cls(lines[0], seqs[0], lines[-1], seqs[-1], len(lines))
+        for key, values in cols.items():
+            if None in values:
+                pairs = [(v, s) for v, s in zip(values, seqs, strict=True) if v is not None]
+                if pairs:
+                    bucket.lo[key] = min(pairs, key=lambda p: p[0])
+                    bucket.hi[key] = max(pairs, key=lambda p: p[0])
+                continue
+            low, high = min(values), max(values)  # type: ignore[type-var]
+            bucket.lo[key] = (low, seqs[values.index(low)])  # type: ignore[arg-type]
+            bucket.hi[key] = (high, seqs[values.index(high)])  # type: ignore[arg-type]
+        return bucket
+
+    def merge(self, other: _Bucket) -> None:
+        self.last, self.last_seq = other.last, other.last_seq
+        self.count += other.count
+        for key, (value, seq) in other.lo.items():
+            low = self.lo.get(key)
+            if low is None or value < low[0]:
+                self.lo[key] = (value, seq)
+        for key, (value, seq) in other.hi.items():
+            high = self.hi.get(key)
+            if high is None or value > high[0]:
+                self.hi[key] = (value, seq)
+
+
+def _set_value(obj: dict[str, Any], key: Key, value: float) -> None:
+    if len(key) == 1:
+        holders = [obj]
+        name = key[0]
+    else:
+        field_name, index, name = key
+        holders = [g for g in obj.get(field_name) or [] if isinstance(g, dict)]
+        holders = [g for g in holders if g.get("index") == index]
+    for holder in holders:
+        # Keep integers integers (hs_ready is a count).
+        is_int = isinstance(holder.get(name), int) and not isinstance(holder.get(name), bool)
+        holder[name] = int(value) if is_int and value.is_integer() else value
+
+
+def mark_history(line: bytes) -> bytes:
+    """The same line with `"history": true` added (a status line ends in `}`)."""
+    body = line.rstrip(b"\r\n ")
+    return body[:-1] + b',"history":true}'
+
+
+def _encode(obj: dict[str, Any]) -> bytes:
+    obj["history"] = True
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+class SeriesDecimator:
+    """Min/max-preserving decimation of one kind's lines to at most `points` lines. Lines
+    gather into a batch of `width`; a full batch becomes a bucket in one vectorised scan."""
+
+    def __init__(self, points: int, columns: Callable[[list[bytes]], Columns]) -> None:
+        self.max_buckets = max(1, points // 2)
+        self.columns = columns
+        self.width = 1
+        self.buckets: list[_Bucket] = []
+        self.count = 0
+        self._seqs: list[int] = []
+        self._lines: list[bytes] = []
+
+    def add(self, seq: int, line: bytes) -> None:
+        self.count += 1
+        self._seqs.append(seq)
+        self._lines.append(line)
+        if len(self._lines) >= self.width:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._lines:
+            return
+        self.buckets.append(_Bucket.of(self._seqs, self._lines, self.columns(self._lines)))
+        self._seqs, self._lines = [], []
+        if len(self.buckets) > self.max_buckets:
+            self._halve()
+
+    def _halve(self) -> None:
+        merged = []
+        for i in range(0, len(self.buckets), 2):
+            head = self.buckets[i]
+            if i + 1 < len(self.buckets):
+                head.merge(self.buckets[i + 1])
+            merged.append(head)
+        self.buckets = merged
+        self.width *= 2
+
+    def lines(self) -> list[tuple[int, bytes]]:
+        self._flush()
+        out: list[tuple[int, bytes]] = []
+        for bucket in self.buckets:
+            if bucket.count <= 2:
+                out.append((bucket.first_seq, mark_history(bucket.first)))
+                if bucket.count == 2:
+                    out.append((bucket.last_seq, mark_history(bucket.last)))
+                continue
+            early, late = json.loads(bucket.first), json.loads(bucket.last)
+            for key, low in bucket.lo.items():
+                high = bucket.hi[key]
+                first, second = (low, high) if low[1] <= high[1] else (high, low)
+                _set_value(early, key, first[0])
+                _set_value(late, key, second[0])
+            out.append((bucket.first_seq, _encode(early)))
+            out.append((bucket.last_seq, _encode(late)))
+        return out
+
+
+class HistorySummary:
+    """Feed the past with `add_block`; `lines()` gives the summary in seq order."""
+
+    def __init__(self, points: int) -> None:
+        self.points = points
+        self._clear()
+
+    def _clear(self) -> None:
+        points = self.points
+        self.series: dict[str, SeriesDecimator] = {
+            "step": SeriesDecimator(points, _Scanner(_STEP_VALUES).columns),
+            "queue": SeriesDecimator(points, _Scanner(_QUEUE_VALUES).columns),
+            "gpu": SeriesDecimator(points, _GpuScanner().columns),
+        }
+        self.whole: dict[str, deque[tuple[int, bytes]]] = {
+            kind: deque(maxlen=cap) for kind, cap in WHOLE_CAPS.items()
+        }
+        self.lines_in = 0
+        self.run: str | None = None
+        self._run_raw: bytes | None = None
+        self.last_seq = -1
+
+    def add_block(self, block: bytes, after_seq: int) -> None:
+        """Take a block of complete lines (newline-separated); lines with seq at or below
+        `after_seq` and lines that are not status lines are left out. This loop runs once
+        per line of a possibly huge stream, so it stays flat."""
+        match = ENVELOPE_PREFIX.match
+        series, whole = self.series, self.whole
+        for line in block.split(b"\n"):
+            found = match(line)
+            if found is None:
+                continue
+            raw_seq, raw_run, raw_kind = found.group(1, 2, 3)
+            seq = int(raw_seq)
+            if seq <= after_seq:
+                continue
+            if raw_run != self._run_raw:
+                self._switch_run(raw_run)
+                series, whole = self.series, self.whole
+            self.lines_in += 1
+            self.last_seq = seq
+            kind = decoded(raw_kind)
+            decimator = series.get(kind)
+            if decimator is not None:
+                decimator.add(seq, line)
+                continue
+            kept = whole.get(kind)
+            if kept is not None:
+                kept.append((seq, line))
+
+    def _switch_run(self, raw_run: bytes) -> None:
+        if self._run_raw is not None:
+            # The stream was replaced by a new run's: forget the old one.
+            self._clear()
+        self._run_raw = raw_run
+        self.run = decoded(raw_run)
+
+    def lines(self) -> list[bytes]:
+        picked: list[tuple[int, bytes]] = []
+        for series in self.series.values():
+            picked.extend(series.lines())
+        for kept in self.whole.values():
+            picked.extend((seq, mark_history(line)) for seq, line in kept)
+        picked.sort(key=lambda item: item[0])
+        return [line for _, line in picked]
+
+    def end_marker(self) -> bytes | None:
+        """The `history_end` event: after it, lines are live and `cursor` is the seq the
+        summary covered. None when the past was empty."""
+        if self.run is None or self.last_seq < 0:
+            return None
+        text = protocol.encode_line(
+            "event",
+            seq=self.last_seq,
+            run=self.run,
+            level="info",
+            code="history_end",
+            message=f"history: {self.lines_in} lines summarised",
+            history=True,
+            cursor=self.last_seq,
+            lines_summarised=self.lines_in,
+        )
+        return text.rstrip("\n").encode("utf-8")
