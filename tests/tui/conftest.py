@@ -4,12 +4,15 @@ server (per test, in the test's event loop) and one OpenSSH sshd shared by the s
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import asyncssh
 import pytest
 
+from dflash_train.status_writer import StatusWriter
 from dflash_tui.sources.known_hosts import trust_host_key
 from dflash_tui.sources.transport import SshTransport
 from tests.sshd import (
@@ -110,3 +113,56 @@ def openssh_transport(
         tmp_path / "known_hosts", openssh_server.port, openssh_server.host_key
     )
     return transport_to(openssh_server.port, client_key, known)
+
+
+# ---------------------------------------------------------------------------------------
+# A real process appending to a status stream, as the trainer's monitor thread would.
+
+WRITER_CODE = """
+import sys, time
+from pathlib import Path
+from dflash_train.status_writer import StatusWriter
+path, run, count, interval = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+writer = StatusWriter(path, run)
+for i in range(count):
+    writer.write("step", step=i, epoch=0, epoch_progress=i / count, loss=1.0, acc=0.5,
+                 tau=2.0, lr=1e-4, grad_norm=1.0, tokens=i, ktok_s=1.0)
+    time.sleep(interval)
+"""
+
+
+def start_stream_writer(
+    run_dir: Path, run_id: str, count: int, interval: float
+) -> subprocess.Popen[bytes]:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            WRITER_CODE,
+            str(run_dir / "status.jsonl"),
+            run_id,
+            str(count),
+            str(interval),
+        ]
+    )
+
+
+def write_steps(run_dir: Path, run_id: str, count: int) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    writer = StatusWriter(run_dir / "status.jsonl", run_id)
+    for i in range(count):
+        writer.write(
+            "step",
+            step=i,
+            epoch=0,
+            epoch_progress=0.0,
+            loss=1.0,
+            acc=0.5,
+            tau=2.0,
+            lr=1e-4,
+            grad_norm=1.0,
+            tokens=i,
+            ktok_s=1.0,
+        )
+    writer.close()
