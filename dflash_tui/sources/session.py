@@ -157,11 +157,12 @@ class Session:
             argv += ["--history", str(self.history_points)]
         return argv
 
-    def _deliver(self, raw: bytes) -> None:
+    def _deliver(self, raw: bytes) -> bool:
+        """Pass one line on; True when it was a status line (the stream is healthy)."""
         decoded = protocol.decode_line(raw)
         if isinstance(decoded, Rejected):
             self._on_reject(decoded)
-            return
+            return False
         run, seq = self._cursor
         if decoded.run == run and decoded.seq <= seq:
             # The end-of-history marker repeats the seq of the summary's last line.
@@ -169,16 +170,18 @@ class Session:
                 self._on_line(decoded)
             else:
                 self.duplicates_dropped += 1
-            return
+            return True
         self._cursor = (decoded.run, decoded.seq)
         self._on_line(decoded)
+        return True
 
-    def _deliver_gpu(self, raw: bytes) -> None:
+    def _deliver_gpu(self, raw: bytes) -> bool:
         decoded = protocol.decode_line(raw)
         if isinstance(decoded, Rejected):
             self._on_reject(decoded)
-        else:
-            self._on_gpu_line(decoded)
+            return False
+        self._on_gpu_line(decoded)
+        return True
 
     def _report(self, state: ConnectionState) -> None:
         self.connection = state
@@ -196,7 +199,7 @@ class Session:
         await self._keep_streaming(lambda: argv, self._deliver_gpu)
 
     async def _keep_streaming(
-        self, make_argv: Callable[[], list[str]], deliver: Callable[[bytes], None]
+        self, make_argv: Callable[[], list[str]], deliver: Callable[[bytes], bool]
     ) -> None:
         attempt = 0
         self._report(ConnectionState.connecting())
@@ -205,10 +208,10 @@ class Session:
                 async with self.transport.stream(make_argv()) as lines:
                     self._report(ConnectionState.connected())
                     async for raw in lines:
-                        # A stream that delivers resets the backoff; one that fails at
-                        # once (a missing run dir) keeps growing it.
-                        attempt = 0
-                        deliver(raw)
+                        # A stream that delivers status lines resets the backoff; one
+                        # that fails at once (a missing run dir) keeps growing it.
+                        if deliver(raw):
+                            attempt = 0
                     end = lines.end
                     reason = "stream ended"
                     if end is not None:

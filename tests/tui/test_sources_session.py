@@ -1,0 +1,226 @@
+"""Session over the local transport against the real `dflash-train tail`: delivery, the
+resume cursor across a killed tail, history on first attach, a new run id, reconnect
+reporting, the read-only gate and input checks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from dflash_train.protocol import Rejected, StatusLine
+from dflash_train.status_writer import StatusWriter
+from dflash_tui.sources.backoff import Backoff
+from dflash_tui.sources.session import (
+    ConnectionState,
+    InputError,
+    ReadOnlyError,
+    Session,
+    trainer_prefix,
+)
+from dflash_tui.sources.transport import LocalTransport
+from tests.tui.conftest import write_steps
+
+# The box side of these tests runs this interpreter: `PYTHON -m dflash_train`.
+TRAINER_PYTHON = sys.executable
+FAST = Backoff(initial=0.05, cap=0.2)
+# Records each command's pid, then runs it: lets a test kill "the connection" (the tail).
+PID_LOGGING = ("sh", "-c", 'echo $$ >> "$0"; exec "$@"')
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.lines: list[StatusLine] = []
+        self.rejected: list[Rejected] = []
+        self.states: list[ConnectionState] = []
+
+    def session(self, transport: LocalTransport, run_dir: Path, **kw: object) -> Session:
+        return Session(
+            transport,
+            run_dir=str(run_dir),
+            python=TRAINER_PYTHON,
+            read_only=kw.pop("read_only", False),  # type: ignore[arg-type]
+            on_line=self.lines.append,
+            on_reject=self.rejected.append,
+            on_connection=self.states.append,
+            backoff=FAST,
+            **kw,  # type: ignore[arg-type]
+        )
+
+    def seqs(self, run: str | None = None) -> list[int]:
+        return [
+            ln.seq
+            for ln in self.lines
+            if (run is None or ln.run == run) and not ln.get("history") and ln.kind != "event"
+        ]
+
+
+async def wait_for(check: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)
+
+
+async def stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def test_trainer_prefix() -> None:
+    assert trainer_prefix(None) == ("dflash-train",)
+    assert trainer_prefix("dflash-train") == ("dflash-train",)
+    assert trainer_prefix("/opt/py") == ("/opt/py", "-m", "dflash_train")
+    with pytest.raises(InputError, match="python: contains a newline"):
+        trainer_prefix("/opt/py\n; rm")
+
+
+async def test_follow_delivers_and_resumes_after_the_tail_dies(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    write_steps(run_dir, "runA", 30)
+    pids = tmp_path / "pids"
+    rec = Recorder()
+    session = rec.session(LocalTransport((*PID_LOGGING, str(pids))), run_dir, history_points=0)
+    task = asyncio.create_task(session.follow())
+    await wait_for(lambda: len(rec.lines) == 30)
+    assert session.cursor == ("runA", 29)
+    assert [s.status for s in rec.states[:2]] == ["connecting", "connected"]
+    writer = StatusWriter(run_dir / "status.jsonl", "runA")
+    for drop in range(3):
+        for _ in range(10):
+            writer.write("heartbeat")
+        first_pid = int(pids.read_text().split()[-1])
+        os.kill(first_pid, signal.SIGKILL)  # the "connection" dies mid-stream
+        for _ in range(10):
+            writer.write("heartbeat")
+        await wait_for(lambda d=drop: len(rec.lines) == 30 + 20 * (d + 1))
+    assert rec.seqs("runA") == list(range(90))
+    reconnects = [s for s in rec.states if s.status == "reconnecting"]
+    assert len(reconnects) == 3 and all(s.attempt == 1 for s in reconnects)
+    assert reconnects[0].next_in is not None and reconnects[0].next_in <= 0.05
+    assert "exit" in (reconnects[0].reason or "")
+    await stop(task)
+    writer.close()
+
+
+async def test_first_attach_gets_a_summary_then_live_lines(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    write_steps(run_dir, "old", 2000)
+    rec = Recorder()
+    session = rec.session(LocalTransport(), run_dir, history_points=40)
+    task = asyncio.create_task(session.follow())
+    await wait_for(lambda: any(ln.get("code") == "history_end" for ln in rec.lines))
+    summary = [ln for ln in rec.lines if ln.get("history")]
+    assert len(summary) < 200
+    assert session.cursor == ("old", 1999)
+    writer = StatusWriter(run_dir / "status.jsonl", "old")
+    writer.write("heartbeat")
+    await wait_for(lambda: rec.lines[-1].seq == 2000)
+    assert not rec.lines[-1].get("history")
+    await stop(task)
+    writer.close()
+
+
+async def test_a_new_run_id_resets_the_cursor(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    write_steps(run_dir, "first", 5)
+    rec = Recorder()
+    session = rec.session(LocalTransport(), run_dir, history_points=0)
+    task = asyncio.create_task(session.follow())
+    await wait_for(lambda: len(rec.lines) == 5)
+    write_steps(run_dir, "second", 3)  # rotates the old stream away, starts at seq 0
+    await wait_for(lambda: session.cursor == ("second", 2))
+    assert rec.seqs("second") == [0, 1, 2]
+    await stop(task)
+
+
+async def test_follow_gives_up_after_max_attempts(tmp_path: Path) -> None:
+    rec = Recorder()
+    session = rec.session(LocalTransport(), tmp_path / "absent", max_attempts=2)
+    await asyncio.wait_for(session.follow(), 60)
+    assert rec.states[-1].status == "failed"
+    assert "gave up after 2 retries" in (rec.states[-1].reason or "")
+    # tail answered with a JSON error reply: not a status line, so counted as rejected.
+    assert rec.rejected and not rec.lines
+
+
+async def test_read_only_session_refuses_before_anything_runs(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    rec = Recorder()
+    session = rec.session(
+        LocalTransport((*PID_LOGGING, str(pids))), tmp_path / "run", read_only=True
+    )
+    assert session.read_only
+    with pytest.raises(AttributeError):
+        session.read_only = False  # type: ignore[misc]
+    calls = [
+        session.launch(["--epochs", "1"]),
+        session.stop(),
+        session.restart(fresh=True, overrides={}),
+        session.set_setting("hs_min_ready", "3"),
+    ]
+    for call in calls:
+        with pytest.raises(ReadOnlyError, match="watch mode"):
+            await call
+    assert not pids.exists()
+    await session.status()  # reading is allowed
+    assert len(pids.read_text().split()) == 1
+
+
+async def test_bad_input_is_refused_naming_the_field(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    rec = Recorder()
+    transport = LocalTransport((*PID_LOGGING, str(pids)))
+    session = rec.session(
+        transport,
+        tmp_path / "run",
+        settings_in_force=lambda: {"hs_queue_depth": 8, "hs_min_ready": 2},
+    )
+    cases = [
+        (session.launch(["--lr", "1e-4\n--evil"]), "launch argument 2: contains a newline"),
+        (session.launch(["a\0b"]), "launch argument 1: contains a NUL byte"),
+        (session.set_setting("hs_min_ready", "many"), "hs_min_ready: expected an integer"),
+        (session.set_setting("hs_min_ready", "30"), r"hs_min_ready: 30 is out of range 1\.\."),
+        (session.set_setting("batch", "3"), "batch: unknown setting"),
+        (session.restart(overrides={"lr; rm": "1"}), "not an option name"),
+        (session.restart(overrides={"lr": "1\r"}), "restart override lr: contains a carriage"),
+        (session.stop(timeout=0), "timeout: 0 must be above 0"),
+    ]
+    for call, message in cases:
+        with pytest.raises(InputError, match=message):
+            await call
+    assert not pids.exists()
+    for bad_dir, message in (("-rf", "starts with '-'"), ("a\nb", "newline"), (" ", "empty")):
+        with pytest.raises(InputError, match=f"run_dir: .*{message}"):
+            Session(transport, run_dir=bad_dir, read_only=False, on_line=rec.lines.append)
+
+
+async def test_failed_commands_become_error_replies(tmp_path: Path) -> None:
+    rec = Recorder()
+    missing = Session(
+        LocalTransport(),
+        run_dir=str(tmp_path),
+        python="/nonexistent/python",
+        read_only=False,
+        on_line=rec.lines.append,
+    )
+    reply = await missing.status()
+    assert not reply.ok and reply.error_code == "no_reply"
+    assert "exit 127" in (reply.error or "") and "nonexistent" in (reply.error or "")
+    slow = Session(
+        LocalTransport(("sh", "-c", "sleep 5", "sh")),
+        run_dir=str(tmp_path),
+        read_only=False,
+        on_line=rec.lines.append,
+        control_timeout=0.3,
+    )
+    reply = await slow.status()
+    assert not reply.ok and reply.error_code == "timeout"
+    assert "may still be running" in (reply.error or "")
