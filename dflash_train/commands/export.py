@@ -1,0 +1,67 @@
+"""`dflash-train export RUN_DIR|CKPT --out DIR`: write the drafter in the z-lab DFlash
+layout; prints one JSON reply."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from dflash_train import protocol
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "source", metavar="RUN_DIR|CKPT", help="a run dir (its newest checkpoint) or a checkpoint"
+    )
+    parser.add_argument(
+        "--out", default=None, help="output directory (default: RUN_DIR/export for a run dir)"
+    )
+    parser.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=("bfloat16", "float16", "float32"),
+        help="weight dtype of the export (default: bfloat16, what engines serve)",
+    )
+
+
+def _reply(reply: protocol.Reply) -> None:
+    print(reply.to_json(), flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dflash_train.export import export_checkpoint, resolve_export_source
+
+    start = time.monotonic()
+    try:
+        checkpoint = resolve_export_source(args.source)
+    except ValueError as exc:
+        _reply(protocol.reply_error("export", "bad_source", str(exc)))
+        return 2
+    if args.out is not None:
+        out = Path(args.out).expanduser().absolute()
+    elif checkpoint != Path(args.source).expanduser().absolute():
+        out = Path(args.source).expanduser().absolute() / "export"
+    else:
+        _reply(protocol.reply_error("export", "bad_argument", "out: required for a checkpoint"))
+        return 2
+    if out == checkpoint or checkpoint in out.parents:
+        _reply(protocol.reply_error("export", "bad_argument", f"out: {out} is inside {checkpoint}"))
+        return 2
+    try:
+        path = export_checkpoint(checkpoint, out, args.dtype)
+    except (ValueError, OSError, RuntimeError) as exc:
+        message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        _reply(protocol.reply_error("export", "export_failed", message))
+        return 1
+    _reply(
+        protocol.reply_ok(
+            "export",
+            path=str(path),
+            checkpoint=str(checkpoint),
+            dtype=args.dtype,
+            files=sorted(p.name for p in path.iterdir()),
+            seconds=round(time.monotonic() - start, 3),
+        )
+    )
+    return 0
