@@ -174,6 +174,9 @@ class InProcessServer:
                 await child.wait()
             process.close()
 
+    def received(self) -> list[str]:
+        return list(self.commands)
+
     def drop_connections(self) -> int:
         """Cut every client connection from the server side, as a network failure would."""
         live = [c for c in self._conns if not c.is_closed()]
@@ -277,7 +280,8 @@ class OpenSshServer:
             time.sleep(0.05)
         raise RuntimeError(f"sshd not answering on port {self.port}")
 
-    def commands(self) -> list[str]:
+    def received(self) -> list[str]:
+        """Every command string clients asked for, in order (logged by the forced command)."""
         if not self.command_log.exists():
             return []
         raw = self.command_log.read_bytes().split(b"\0")

@@ -166,3 +166,26 @@ def write_steps(run_dir: Path, run_id: str, count: int) -> None:
             ktok_s=1.0,
         )
     writer.close()
+
+
+@pytest.fixture(params=["asyncssh", "openssh"])
+def ssh_server(
+    request: pytest.FixtureRequest,
+    inproc_server: InProcessServer,
+    openssh_server: OpenSshServer,
+) -> InProcessServer | OpenSshServer:
+    """Each SSH test runs against both servers."""
+    return inproc_server if request.param == "asyncssh" else openssh_server
+
+
+def server_key(server: InProcessServer | OpenSshServer) -> asyncssh.SSHKey:
+    assert server.host_key is not None
+    return server.host_key
+
+
+@pytest.fixture
+def ssh_transport(
+    ssh_server: InProcessServer | OpenSshServer, client_key: ClientKey, tmp_path: Path
+) -> SshTransport:
+    known = trusted_known_hosts(tmp_path / "known_hosts", ssh_server.port, server_key(ssh_server))
+    return transport_to(ssh_server.port, client_key, known)
