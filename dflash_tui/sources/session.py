@@ -17,12 +17,14 @@ from dflash_tui.sources.backoff import Backoff
 from dflash_tui.sources.transport import CommandTimeout, HostKeyUnknown, Transport, TransportError
 
 DEFAULT_TRAINER = "dflash-train"
-# launch waits on the box until the trainer's run_start line: model and data loading.
-LAUNCH_TIMEOUT_S = 900.0
+# launch waits on the box for the trainer's run_start line (model and data loading); the
+# SSH call waits that long plus CONTROL_TIMEOUT_S.
+LAUNCH_WAIT_S = 300.0
 CONTROL_TIMEOUT_S = 60.0
 ERROR_TAIL_LINES = 8
 DEFAULT_BACKOFF = Backoff()
 _OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 ConnectionStatus = Literal["connecting", "connected", "reconnecting", "failed"]
 
@@ -103,7 +105,7 @@ class Session:
         backoff: Backoff = DEFAULT_BACKOFF,
         max_attempts: int | None = None,
         control_timeout: float = CONTROL_TIMEOUT_S,
-        launch_timeout: float = LAUNCH_TIMEOUT_S,
+        launch_wait: float = LAUNCH_WAIT_S,
     ) -> None:
         check_inert("run_dir", run_dir)
         if not run_dir.strip():
@@ -124,7 +126,7 @@ class Session:
         self.backoff = backoff
         self.max_attempts = max_attempts
         self.control_timeout = control_timeout
-        self.launch_timeout = launch_timeout
+        self.launch_wait = launch_wait
         self._cursor: tuple[str | None, int] = (None, -1)
         self.duplicates_dropped = 0
         self.connection = ConnectionState.connecting()
@@ -261,12 +263,25 @@ class Session:
             command, "no_reply", f"{command}: no reply (exit {result.rc}): {tail}"
         )
 
-    async def launch(self, train_args: Sequence[str]) -> Reply:
+    def _start_options(self, env: Mapping[str, str]) -> list[str]:
+        """Options launch and restart share: how long to wait for run_start, and the
+        trainer's environment (the box passes nothing else but PATH, HOME and LANG)."""
+        options = ["--wait", f"{self.launch_wait:g}"]
+        for name, value in env.items():
+            if not _ENV_NAME.fullmatch(name):
+                raise InputError(f"environment variable {name!r}: not a valid name")
+            options += ["--env", f"{name}={check_inert(f'environment variable {name}', value)}"]
+        return options
+
+    @property
+    def _start_timeout(self) -> float:
+        return self.launch_wait + self.control_timeout
+
+    async def launch(self, train_args: Sequence[str], *, env: Mapping[str, str] = {}) -> Reply:
         self._require_control("launch")
         args = [check_inert(f"launch argument {i + 1}", a) for i, a in enumerate(train_args)]
-        return await self._call(
-            "launch", ["launch", self.run_dir, "--", *args], self.launch_timeout
-        )
+        argv = ["launch", self.run_dir, *self._start_options(env), "--", *args]
+        return await self._call("launch", argv, self._start_timeout)
 
     async def stop(self, timeout: float = 60) -> Reply:
         self._require_control("stop")
@@ -275,7 +290,17 @@ class Session:
         argv = ["stop", self.run_dir, "--timeout", f"{timeout:g}"]
         return await self._call("stop", argv, timeout + self.control_timeout)
 
-    async def restart(self, *, fresh: bool = False, overrides: Mapping[str, str] = {}) -> Reply:
+    async def restart(
+        self,
+        *,
+        fresh: bool = False,
+        overrides: Mapping[str, str] = {},
+        settings: Mapping[str, str | int] = {},
+        env: Mapping[str, str] = {},
+    ) -> Reply:
+        """Stop, then start again from the newest checkpoint (or from scratch with
+        `fresh`). `overrides` replace recorded train options (`{"lr": "1e-4"}`),
+        `settings` are live settings for the new start."""
         self._require_control("restart")
         extra: list[str] = []
         for key, value in overrides.items():
@@ -283,9 +308,17 @@ class Session:
                 raise InputError(f"restart override {key!r}: not an option name")
             extra += [f"--{key.replace('_', '-')}", check_inert(f"restart override {key}", value)]
         argv = ["restart", self.run_dir, *(["--fresh"] if fresh else [])]
+        for key, raw in settings.items():
+            check_inert("setting name", key)
+            try:
+                number = protocol.parse_setting_value(key, raw)
+            except protocol.SettingError as exc:
+                raise InputError(str(exc)) from None
+            argv += ["--set", f"{key}={number}"]
+        argv += self._start_options(env)
         if extra:
             argv += ["--", *extra]
-        return await self._call("restart", argv, self.launch_timeout + self.control_timeout)
+        return await self._call("restart", argv, self._start_timeout + self.control_timeout)
 
     async def set_setting(self, key: str, value: str) -> Reply:
         self._require_control("set")
