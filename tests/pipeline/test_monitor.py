@@ -1,0 +1,202 @@
+"""MonitorThread: the single writer of the stream. Real writer, pool, timers, control file
+and drafter snapshots; the stream it writes must decode with protocol.decode_line."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from tiny_parts import BLOCK
+
+from dflash_train import protocol
+from dflash_train.pipeline.control_watch import ControlWatcher
+from dflash_train.pipeline.drafter_step import (
+    BAD_STEPS,
+    GOOD_STEPS,
+    GRAD_NORM_SUM,
+    LOSS_SUM,
+    MAX_STREAK,
+    N_SCALARS,
+    STEPS,
+    MetricsSnapshot,
+)
+from dflash_train.pipeline.monitor import MonitorIntervals, MonitorThread, StepRecord
+from dflash_train.pipeline.pool import HiddenStatePool
+from dflash_train.pipeline.stage_timers import StageTimers
+from dflash_train.rundir import atomic_write_text
+from dflash_train.status_writer import StatusWriter
+
+FAST = MonitorIntervals(tick=0.02, queue=0.15, gpu=0.15, control=0.05, heartbeat=0.4, profile=0.3)
+
+
+def _snapshot(*, loss: float, steps: int, bad: int = 0, streak: int = 0) -> MetricsSnapshot:
+    values = torch.zeros(N_SCALARS + 2 * (BLOCK - 1))
+    good = steps - bad
+    values[LOSS_SUM] = loss * good
+    values[GRAD_NORM_SUM] = 0.5 * good
+    values[STEPS], values[GOOD_STEPS], values[BAD_STEPS] = steps, good, bad
+    values[MAX_STREAK] = streak
+    values[N_SCALARS : N_SCALARS + BLOCK - 1] = torch.tensor([8.0, 4.0, 2.0])
+    values[N_SCALARS + BLOCK - 1 :] = 10.0
+    return MetricsSnapshot(values, None)
+
+
+def _lines(path: Path) -> list[protocol.StatusLine]:
+    decoded = [protocol.decode_line(raw) for raw in path.read_bytes().splitlines()]
+    assert all(isinstance(d, protocol.StatusLine) for d in decoded), decoded
+    return decoded  # type: ignore[return-value]
+
+
+def _wait_for(path: Path, predicate: object, timeout: float = 5.0) -> list[protocol.StatusLine]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = _lines(path) if path.exists() else []
+        if any(predicate(line) for line in lines):  # type: ignore[operator]
+            return lines
+        time.sleep(0.02)
+    raise AssertionError(f"no matching line in {path}")
+
+
+def test_monitor_writes_steps_queue_gpu_profile_control_and_heartbeat(tmp_path: Path) -> None:
+    status = tmp_path / "status.jsonl"
+    writer = StatusWriter(status, "run1")
+    pool: HiddenStatePool[int] = HiddenStatePool(depth=8, min_ready=2)
+    settings = {"hs_queue_depth": 8, "hs_min_ready": 2}
+
+    def apply(updates: dict[str, int]) -> None:
+        merged = {**settings, **updates}
+        pool.set_limits(depth=merged["hs_queue_depth"], min_ready=merged["hs_min_ready"])
+        settings.update(merged)
+
+    control = ControlWatcher(
+        tmp_path / "control.json", current=lambda: settings, apply=apply, baseline_rev=None
+    )
+    timers = StageTimers()
+    with timers.time("target_fwd"):
+        time.sleep(0.01)
+    fatal: list[str] = []
+    monitor = MonitorThread(
+        writer,
+        block_size=BLOCK,
+        max_bad_steps=3,
+        on_fatal=fatal.append,
+        timers=timers,
+        pool=pool,
+        settings=lambda: settings,
+        control=control,
+        intervals=FAST,
+    )
+    monitor.mark_start()
+    monitor.start()
+    time.sleep(0.05)
+    monitor.submit_step(
+        StepRecord(
+            step=1,
+            epoch=0,
+            epoch_progress=0.25,
+            lr=1e-3,
+            tokens_total=2000,
+            tokens_interval=2000,
+            at=time.monotonic(),
+            metrics=_snapshot(loss=2.5, steps=1),
+        )
+    )
+    monitor.emit("checkpoint", step=1, path="/x/step_0000001", seconds=0.1)
+    pool.put(1, bucket="3")
+    atomic_write_text(
+        tmp_path / "control.json", protocol.ControlFile(4, {"hs_min_ready": 5}).to_json()
+    )
+    _wait_for(status, lambda line: line.kind == "event" and line["code"] == "control_applied")
+    _wait_for(status, lambda line: line.kind == "profile")
+    monitor.submit_step(
+        StepRecord(
+            2,
+            0,
+            0.5,
+            1e-3,
+            2500,
+            500,
+            time.monotonic(),
+            _snapshot(loss=0, steps=3, bad=3, streak=3),
+        )
+    )
+    monitor.stop()
+    lines = _lines(status)
+    kinds = [line.kind for line in lines]
+    assert {"step", "checkpoint", "queue", "gpu", "profile", "event"} <= set(kinds)
+    assert [line.seq for line in lines] == list(range(len(lines)))
+    step = next(line for line in lines if line.kind == "step")
+    assert step["loss"] == 2.5 and step["tokens"] == 2000 and step["ktok_s"] > 0
+    # tau = 1 + a1 + a1*a2 + a1*a2*a3 with a = 0.8, 0.4, 0.2
+    assert abs(step["tau"] - (1 + 0.8 + 0.32 + 0.064)) < 1e-6
+    assert kinds.index("checkpoint") == kinds.index("step") + 1  # queued order kept
+    applied = next(line for line in lines if line.get("code") == "control_applied")
+    assert applied["rev"] == 4 and applied["settings"]["hs_min_ready"] == 5
+    assert pool.limits["hs_min_ready"] == 5
+    queue = [line for line in lines if line.kind == "queue"]
+    assert queue[-1]["hs_min_ready"] == 5 and queue[-1]["hs_ready"] == 1
+    assert queue[-1]["bucket_mix"] == {"3": 1}
+    gpu = next(line for line in lines if line.kind == "gpu")
+    assert gpu["available"] is False and gpu["reason"]
+    profile = next(line for line in lines if line.kind == "profile")
+    assert profile["stages_ms"]["target_fwd"] >= 10
+    last_step = [line for line in lines if line.kind == "step"][-1]
+    assert last_step["loss"] is None and last_step["bad_steps"] == 3
+    assert any(line.get("code") == "nonfinite_step" and line["level"] == "error" for line in lines)
+    assert fatal and "3 non-finite steps in a row" in fatal[0]
+
+
+def test_heartbeat_only_when_nothing_else_was_written(tmp_path: Path) -> None:
+    status = tmp_path / "status.jsonl"
+    quiet = MonitorIntervals(tick=0.02, queue=60, gpu=60, control=60, heartbeat=0.2, profile=60)
+    monitor = MonitorThread(
+        StatusWriter(status, "r"),
+        block_size=BLOCK,
+        max_bad_steps=3,
+        on_fatal=lambda _m: None,
+        timers=StageTimers(),
+        intervals=quiet,
+    )
+    monitor.start()
+    time.sleep(0.7)
+    monitor.stop()
+    kinds = [line.kind for line in _lines(status)]
+    # The first tick writes queue and gpu once; then only heartbeats fill the silence.
+    assert kinds[:2] == ["queue", "gpu"]
+    assert 2 <= kinds.count("heartbeat") <= 4 and set(kinds[2:]) == {"heartbeat"}
+
+
+def test_rejected_control_answers_with_reason_and_rev(tmp_path: Path) -> None:
+    status = tmp_path / "status.jsonl"
+    settings = {"hs_queue_depth": 4, "hs_min_ready": 2}
+    control = ControlWatcher(
+        tmp_path / "control.json",
+        current=lambda: settings,
+        apply=settings.update,
+        baseline_rev=None,
+    )
+    monitor = MonitorThread(
+        StatusWriter(status, "r"),
+        block_size=BLOCK,
+        max_bad_steps=3,
+        on_fatal=lambda _m: None,
+        timers=StageTimers(),
+        settings=lambda: settings,
+        control=control,
+        intervals=FAST,
+    )
+    monitor.start()
+    atomic_write_text(
+        tmp_path / "control.json", protocol.ControlFile(2, {"hs_min_ready": 9}).to_json()
+    )
+    lines = _wait_for(status, lambda line: line.get("code") == "control_rejected")
+    monitor.stop()
+    rejected = next(line for line in lines if line.get("code") == "control_rejected")
+    assert (
+        rejected["rev"] == 2
+        and "hs_min_ready: 9 is out of range 1..hs_queue_depth=4" in rejected["message"]
+    )
+    assert settings["hs_min_ready"] == 2
+    sync_queue = next(line for line in _lines(status) if line.kind == "queue")
+    assert sync_queue["pipeline"] == "sync" and sync_queue["hs_queue_depth"] == 4
