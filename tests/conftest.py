@@ -55,5 +55,14 @@ def prepared_data_dir(
         batch_size=8,
         num_shards=2,
     )
-    prepare_dataset(config)
+    import torch
+
+    # One thread: on a shared 2-core box two OpenMP threads spin against each other and
+    # generation runs an order of magnitude slower.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        prepare_dataset(config)
+    finally:
+        torch.set_num_threads(threads)
     return out

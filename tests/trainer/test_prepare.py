@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,7 @@ EOS = 2  # SmolLM2's <|im_end|>, also its pad token
 def prepare_cli(*args: str, timeout: float = 300) -> tuple[int, protocol.Reply, str]:
     result = subprocess.run(
         [sys.executable, "-m", "dflash_train", "prepare", *args],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
         timeout=timeout,
