@@ -1,0 +1,75 @@
+"""Exact resume: a run stopped by a real SIGTERM and resumed from its checkpoint produces
+the same per-step losses as an unbroken run. The unbroken run uses the sync pipeline and the
+broken one the async pipeline (one worker, depth 1), so this also pins that both pipelines
+feed the drafter the same batches."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+from pathlib import Path
+
+from train_process import losses_by_step, run_train, start_train, status_lines, train_argv, wait_for
+
+# A randomly initialised tiny target (seeded, so identical in every process) keeps the three
+# processes quick; the lifecycle under test does not depend on the target's weights.
+TARGET = "random:tiny"
+STEPS = 12
+
+
+def _argv(data: Path, run_dir: Path, *extra: str) -> list[str]:
+    return train_argv(
+        TARGET, data, run_dir, "--max-steps", str(STEPS), "--epochs", "20", "--seed", "7", *extra
+    )
+
+
+def test_sigterm_then_resume_matches_an_unbroken_run(
+    tmp_path: Path, prepared_data_dir: Path
+) -> None:
+    whole_dir = tmp_path / "whole"
+    whole = run_train(
+        _argv(prepared_data_dir, whole_dir, "--pipeline", "sync", "--save-every", "0")
+    )
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    expected = losses_by_step(status_lines(whole_dir))
+    assert sorted(expected) == list(range(1, STEPS + 1))
+
+    run_dir = tmp_path / "broken"
+    log = tmp_path / "broken.log"
+    async_one = (
+        "--pipeline", "async",
+        "--target-gpus", "cpu",
+        "--hs-queue-depth", "1",
+        "--hs-min-ready", "1",
+        "--save-every", "0",
+        "--run-id", "resumed",
+    )  # fmt: skip
+    proc = start_train(_argv(prepared_data_dir, run_dir, *async_one), log)
+    try:
+        wait_for(run_dir, lambda line: line.kind == "step" and line["step"] >= 3, proc, log)
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    first = status_lines(run_dir)
+    end = first[-1]
+    assert end.kind == "run_end" and end["reason"] == "signal"
+    stopped_at = end["step"]
+    assert 3 <= stopped_at < STEPS, "the signal must land mid-run for this test to mean anything"
+
+    resumed = run_train(_argv(prepared_data_dir, run_dir, *async_one, "--resume-from", "latest"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    lines = status_lines(run_dir)
+    second = lines[len(first) :]
+    start = second[0]
+    assert start.kind == "run_start" and start.run == "resumed"
+    assert start["start_step"] == stopped_at
+    assert start["resumed_from"].endswith(f"step_{stopped_at:07d}")
+    assert start.seq == end.seq + 1  # same run id: the cursor continues
+    got = losses_by_step(lines)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    for step in range(1, STEPS + 1):
+        assert math.isclose(got[step], expected[step], rel_tol=1e-6), (step, got, expected)
+    assert second[-1]["reason"] == "completed"
