@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from dflash_train.drafter import DFlashDrafter
-from dflash_train.targets import Target
+from dflash_train.targets import ResolvedTarget, Target
 
 
 @dataclass(frozen=True)
@@ -23,8 +23,9 @@ class Generation:
     block_lengths: tuple[int, ...] = ()
 
 
-def check_compatible(drafter: DFlashDrafter, target: Target) -> None:
-    """Raise ValueError naming the first field where the drafter was built for another target."""
+def check_compatible(drafter: DFlashDrafter, target: Target | ResolvedTarget) -> None:
+    """Raise ValueError naming the first field where the drafter was built for another
+    target. A ResolvedTarget suffices, so a mismatch is found before loading the target."""
     c = drafter.config
     pairs = [
         ("hidden_size", c.hidden_size, target.hidden_size),

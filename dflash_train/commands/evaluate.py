@@ -6,8 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from dflash_train import protocol
+
+if TYPE_CHECKING:
+    from dflash_train.targets import ResolvedTarget
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from dflash_train.targets import resolve_target
 
     try:
-        resolve_target(args.target_model)
+        resolved = resolve_target(args.target_model)
     except ValueError as exc:
         return _fail("bad_target", str(exc))
     try:
@@ -50,10 +54,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail("bad_prompts", str(exc))
     if not prompts:
         return _fail("bad_prompts", f"prompts: {args.prompts} holds no prompt")
-    return _evaluate(args, prompts)
+    return _evaluate(args, resolved, prompts)
 
 
-def _evaluate(args: argparse.Namespace, prompts: list[str]) -> int:
+def _evaluate(args: argparse.Namespace, resolved: ResolvedTarget, prompts: list[str]) -> int:
     import torch
 
     from dflash_train.data.prepare import chat_prompt_ids, stop_token_ids
@@ -68,11 +72,11 @@ def _evaluate(args: argparse.Namespace, prompts: list[str]) -> int:
         drafter = load_any_drafter(args.drafter, device, dtype).eval()
     except (ValueError, OSError) as exc:
         return _fail("bad_drafter", f"drafter: {exc}")
-    target = load_target(args.target_model, device, dtype)
     try:
-        check_compatible(drafter, target)
+        check_compatible(drafter, resolved)
     except ValueError as exc:
         return _fail("mismatch", str(exc))
+    target = load_target(args.target_model, device, dtype)
     ids = [chat_prompt_ids(target.tokenizer, prompt) for prompt in prompts]
     print(f"eval: {len(ids)} prompts, up to {args.max_new_tokens} new tokens", file=sys.stderr)
     summary = evaluate_prompts(target, drafter, ids, args.max_new_tokens, stop_token_ids(target))

@@ -1,0 +1,165 @@
+"""Speculative decoding on the real SmolLM2 target: lossless against plain greedy decoding,
+with a random drafter (tau about 1) and with a briefly trained one (tokens accepted)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from drafter_fixtures import tiny_drafter
+
+from dflash_train import protocol
+from dflash_train.data.prepare import chat_prompt_ids, stop_token_ids
+from dflash_train.data.prompts import load_prompts
+from dflash_train.dflash_loss import dflash_forward_loss, sample_anchors
+from dflash_train.drafter import DFlashDrafter, drafter_config_for_target
+from dflash_train.export import export_drafter
+from dflash_train.speculative import (
+    check_compatible,
+    evaluate_prompts,
+    greedy_generate,
+    speculative_generate,
+)
+from dflash_train.targets import Target, extract_context
+
+
+def _random_drafter(target: Target, block_size: int = 4) -> DFlashDrafter:
+    torch.manual_seed(0)
+    config = drafter_config_for_target(target, num_layers=1, block_size=block_size)
+    return DFlashDrafter(config).eval()
+
+
+def _cli(*args: str) -> tuple[int, protocol.Reply]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dflash_train", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    reply = protocol.decode_reply(proc.stdout)
+    assert isinstance(reply, protocol.Reply), (proc.stdout, proc.stderr[-2000:])
+    return proc.returncode, reply
+
+
+def test_random_drafter_is_lossless_with_tau_about_one(smollm2: Target) -> None:
+    prompts = load_prompts("builtin", split="eval")[:2]
+    ids = [chat_prompt_ids(smollm2.tokenizer, p) for p in prompts]
+    summary = evaluate_prompts(smollm2, _random_drafter(smollm2), ids, 8, stop_token_ids(smollm2))
+    assert summary.lossless and summary.mismatches == ()
+    assert summary.prompts == 2 and summary.blocks >= 2
+    assert 1.0 <= summary.tau < 1.5
+    assert summary.baseline_tokens_per_target_forward == 1.0
+
+
+def test_stop_token_and_length_limits_match_greedy(smollm2: Target) -> None:
+    ids = chat_prompt_ids(smollm2.tokenizer, "Say OK.")
+    stops = stop_token_ids(smollm2)
+    plain = greedy_generate(smollm2, ids, 40, stops)
+    assert plain.tokens[-1] in stops and len(plain.tokens) < 40  # it answers and stops
+    spec = speculative_generate(smollm2, _random_drafter(smollm2), ids, 40, stops)
+    assert spec.tokens == plain.tokens
+    short = speculative_generate(smollm2, _random_drafter(smollm2), ids, 2, stops)
+    assert short.tokens == plain.tokens[:2]
+
+
+def _train_on_own_answer(target: Target, prompt_ids: list[int], answer: tuple[int, ...]):
+    """A few AdamW steps on the target's own answer: the drafter learns to guess it."""
+    sequence = torch.tensor([[*prompt_ids, *answer]])
+    loss_mask = torch.zeros_like(sequence)
+    loss_mask[0, len(prompt_ids) :] = 1
+    drafter = _random_drafter(target)
+    drafter.train()
+    context = extract_context(
+        target, sequence, torch.ones_like(sequence), drafter.config.target_layer_ids
+    )
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=5e-3)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        anchors, valid = sample_anchors(loss_mask, 16, drafter.config.block_size, generator)
+        out = dflash_forward_loss(
+            drafter,
+            target.embed_tokens,
+            target.lm_head,
+            context,
+            sequence,
+            loss_mask,
+            anchors,
+            valid,
+        )
+        optimizer.zero_grad()
+        out.loss.backward()
+        optimizer.step()
+    return drafter.eval()
+
+
+def test_trained_drafter_gets_tokens_accepted_and_stays_lossless(smollm2: Target) -> None:
+    ids = chat_prompt_ids(smollm2.tokenizer, "Repeat the word hello twenty times.")
+    stops = stop_token_ids(smollm2)
+    plain = greedy_generate(smollm2, ids, 32, stops)
+    drafter = _train_on_own_answer(smollm2, ids, plain.tokens)
+    spec = speculative_generate(smollm2, drafter, ids, 32, stops)
+    assert spec.tokens == plain.tokens
+    # Drafted tokens were kept (the cache crop and the context growth ran with accepted > 0)
+    # and the target needed far fewer forwards.
+    assert max(spec.block_lengths) >= 2
+    assert sum(spec.block_lengths) / len(spec.block_lengths) > 1.5
+    assert spec.target_forwards < 0.7 * plain.target_forwards
+
+
+def test_drafter_for_another_target_is_refused(smollm2: Target) -> None:
+    with pytest.raises(ValueError, match="hidden_size is 32, the target has 576"):
+        check_compatible(tiny_drafter(), smollm2)
+
+
+def test_cli_eval_reports_one_json_line(smollm2: Target, tmp_path: Path) -> None:
+    export_drafter(_random_drafter(smollm2), tmp_path / "drafter", dtype="float32")
+    code, reply = _cli(
+        "eval",
+        "--target-model",
+        "smollm2",
+        "--drafter",
+        str(tmp_path / "drafter"),
+        "--prompts",
+        "builtin",
+        "--max-prompts",
+        "1",
+        "--max-new-tokens",
+        "6",
+        "--device",
+        "cpu",
+    )
+    assert code == 0 and reply.ok and reply.command == "eval"
+    assert reply.data["lossless"] is True
+    assert reply.data["prompts"] == 1 and reply.data["blocks"] >= 1
+    assert reply.data["tau"] >= 1.0 and reply.data["tokens_per_target_forward"] > 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "code_name"),
+    [
+        (["--drafter", "/no/such/drafter"], "bad_drafter"),
+        (["--drafter", "D", "--max-prompts", "0"], "bad_argument"),
+        (["--drafter", "D", "--prompts", "/no/such/prompts.txt"], "bad_prompts"),
+        (["--drafter", "D", "--target-model", "random:nope"], "bad_target"),
+    ],
+)
+def test_cli_eval_bad_input(extra: list[str], code_name: str, tmp_path: Path) -> None:
+    args = ["eval", "--target-model", "smollm2", *extra]
+    args = [str(tmp_path) if a == "D" else a for a in args]
+    code, reply = _cli(*args)
+    assert code == 2 and not reply.ok and reply.error_code == code_name
+    assert reply.error and "\n" not in reply.error
+
+
+def test_cli_eval_refuses_a_drafter_of_another_target(tmp_path: Path) -> None:
+    export_drafter(tiny_drafter(), tmp_path / "d", dtype="float32")
+    code, reply = _cli(
+        "eval", "--target-model", "random:tiny", "--drafter", str(tmp_path / "d"), "--device", "cpu"
+    )
+    assert code == 2 and reply.error_code == "mismatch"
+    assert reply.error == "drafter: hidden_size is 32, the target has 64"
