@@ -1,0 +1,111 @@
+"""`dflash-train launch RUN_DIR [options] -- <train args>`: preflight, start the trainer
+detached, and reply only once it is verifiably training (or with the reason it is not)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import NoReturn
+
+from dflash_train import protocol
+from dflash_train.rundir import RunDir
+
+MIB = 1024 * 1024
+
+
+def add_start_options(parser: argparse.ArgumentParser) -> None:
+    """Options shared with `restart`."""
+    parser.add_argument(
+        "--wait", type=float, default=120.0, help="seconds to wait for run_start (default 120)"
+    )
+    parser.add_argument(
+        "--allow-busy", action="store_true", help="start even on GPUs other processes use"
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="environment for the trainer (repeatable); only PATH, HOME, LANG are inherited",
+    )
+    parser.add_argument(
+        "--min-free-mb",
+        type=int,
+        default=None,
+        help="free disk required in RUN_DIR (default: estimated from the checkpoint size)",
+    )
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR")
+    add_start_options(parser)
+    parser.add_argument(
+        "rest", nargs=argparse.REMAINDER, metavar="-- TRAIN_ARGS", help="the arguments of `train`"
+    )
+
+
+class OptionError(Exception):
+    pass
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise OptionError(message)
+
+
+def split_rest(
+    args: argparse.Namespace, add_options: Callable[[argparse.ArgumentParser], None]
+) -> list[str]:
+    """argparse hands everything after RUN_DIR to `rest`: options up to `--` are this
+    command's (parsed into `args`), what follows `--` is passed on untouched. argparse
+    drops a `--` that comes right after RUN_DIR, so when the part before `--` is not our
+    options, all of `rest` is passed on. Raises OptionError for a bad option of ours."""
+    rest: list[str] = list(args.rest)
+    cut = rest.index("--") if "--" in rest else len(rest)
+    parser = _RaisingParser(add_help=False)
+    add_options(parser)
+    ours = {s for action in parser._actions for s in action.option_strings}
+    if rest[:cut] and rest[0].split("=", 1)[0] not in ours:
+        return rest
+    parser.parse_args(rest[:cut], namespace=args)
+    return rest[cut + 1 :]
+
+
+def check_start_options(command: str, args: argparse.Namespace) -> protocol.Reply | None:
+    if not args.wait > 0:
+        return protocol.reply_error(
+            command, "bad_argument", f"wait: {args.wait} must be above 0 seconds"
+        )
+    if args.min_free_mb is not None and args.min_free_mb < 0:
+        return protocol.reply_error(
+            command, "bad_argument", f"min-free-mb: {args.min_free_mb} must not be negative"
+        )
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from dflash_train.control.launch import launch_run, parse_env
+    from dflash_train.control.preflight import PreflightError
+
+    try:
+        train_args = split_rest(args, add_start_options)
+    except OptionError as exc:
+        reply: protocol.Reply | None = protocol.reply_error("launch", "bad_argument", str(exc))
+    else:
+        reply = check_start_options("launch", args)
+    if reply is None:
+        try:
+            env = parse_env(args.env)
+        except PreflightError as exc:
+            reply = protocol.reply_error("launch", exc.code, exc.message)
+        else:
+            reply = launch_run(
+                RunDir.at(args.run_dir),
+                train_args,
+                env=env,
+                wait_s=args.wait,
+                allow_busy=args.allow_busy,
+                min_free_bytes=None if args.min_free_mb is None else args.min_free_mb * MIB,
+            )
+    print(reply.to_json(), flush=True)
+    return 0 if reply.ok else 1

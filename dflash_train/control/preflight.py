@@ -1,0 +1,203 @@
+"""Checks a launch makes before anything starts, each failure a named reason: train
+arguments, target model, data dir, GPUs, output dir, free disk. Torch is never imported."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from dflash_train.rundir import RunDir
+
+# Bytes per drafter parameter in a checkpoint: fp32 weights plus AdamW's two moments.
+CHECKPOINT_BYTES_PER_PARAM = 12
+# Headroom over the estimate: the temp copy of a checkpoint lands before the old is pruned.
+CHECKPOINT_HEADROOM = 2.0
+MIN_FREE_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PreflightError(Exception):
+    code: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class _ArgumentError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _ArgumentError(message)
+
+
+def parse_train_args(run_dir: RunDir, train_args: Sequence[str]) -> argparse.Namespace:
+    """The train command's own parser and cross-field checks, so a typo is refused here
+    with its reason rather than found in train.log after the launch."""
+    from dflash_train.commands import train
+
+    if any(a == "--output-dir" or a.startswith("--output-dir=") for a in train_args):
+        raise PreflightError("bad_train_args", "--output-dir: set by launch from RUN_DIR")
+    parser = _Parser(prog="dflash-train train", add_help=False)
+    train.configure(parser)
+    try:
+        args = parser.parse_args([*train_args, "--output-dir", str(run_dir.root)])
+    except _ArgumentError as exc:
+        raise PreflightError("bad_train_args", f"train args: {exc}") from None
+    problem = train.check_args(args)
+    if problem is not None:
+        raise PreflightError("bad_train_args", f"train args: {problem}")
+    return args
+
+
+def check_target(spec: str) -> Any:
+    from dflash_train.targets import resolve_target
+
+    try:
+        return resolve_target(spec)
+    except ValueError as exc:
+        raise PreflightError("target_not_found", str(exc)) from None
+
+
+def _readable(path: Path, what: str) -> None:
+    try:
+        with path.open("rb") as fh:
+            fh.read(8)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise PreflightError("data_dir_unreadable", f"data_dir: {what} {path}: {reason}") from None
+
+
+def _dataset_files(directory: Path) -> list[Path]:
+    """A `save_to_disk` dataset's shard files, from its state.json."""
+    state_file = directory / "state.json"
+    for name in ("state.json", "dataset_info.json"):
+        _readable(directory / name, "missing or unreadable")
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+        names = [entry["filename"] for entry in state["_data_files"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PreflightError(
+            "data_dir_unreadable", f"data_dir: {state_file} is not a dataset state ({exc})"
+        ) from None
+    if not names:
+        raise PreflightError("data_dir_unreadable", f"data_dir: {directory} lists no shards")
+    return [directory / name for name in names]
+
+
+def check_data_dir(path: str) -> None:
+    """Present and readable: state.json, dataset_info.json and every arrow shard (a split
+    dataset: each split's). Contents are not validated, that is the loader's job."""
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        raise PreflightError("data_dir_unreadable", f"data_dir: {directory} is not a directory")
+    splits_file = directory / "dataset_dict.json"
+    if splits_file.is_file():
+        try:
+            splits = json.loads(splits_file.read_text(encoding="utf-8"))["splits"]
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            raise PreflightError(
+                "data_dir_unreadable", f"data_dir: {splits_file} is unreadable ({exc})"
+            ) from None
+        shards = [f for split in splits for f in _dataset_files(directory / split)]
+    else:
+        shards = _dataset_files(directory)
+    for shard in shards:
+        _readable(shard, "shard")
+
+
+def gpu_indices(devices: Sequence[str] | None) -> list[int]:
+    """GPU indices named by a parsed device list ("cpu", "cuda:3")."""
+    return sorted({int(d.split(":", 1)[1]) for d in devices or () if d.startswith("cuda:")})
+
+
+def check_gpus(indices: Sequence[int], *, allow_busy: bool) -> None:
+    if not indices:
+        return
+    from dflash_train.gpu_telemetry import sample_gpus
+
+    sample = sample_gpus()
+    named = ",".join(str(i) for i in indices)
+    if not sample["available"]:
+        raise PreflightError("gpu_missing", f"gpus: cannot check GPU {named}: {sample['reason']}")
+    present = {gpu["index"]: gpu for gpu in sample["gpus"]}
+    missing = [i for i in indices if i not in present]
+    if missing:
+        found = ",".join(str(i) for i in sorted(present)) or "none"
+        raise PreflightError(
+            "gpu_missing", f"gpus: GPU {','.join(map(str, missing))} not found (present: {found})"
+        )
+    if allow_busy:
+        return
+    busy = {i: present[i]["processes"] for i in indices if present[i]["processes"]}
+    if busy:
+        detail = "; ".join(
+            f"GPU {i}: pid {','.join(str(p['pid']) for p in procs)}" for i, procs in busy.items()
+        )
+        raise PreflightError(
+            "gpu_busy", f"gpus: in use by other processes ({detail}); --allow-busy to share"
+        )
+
+
+def check_output_dir(run_dir: RunDir) -> None:
+    try:
+        run_dir.root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=run_dir.root, prefix=".preflight-"):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise PreflightError(
+            "output_not_writable", f"run_dir: cannot write in {run_dir.root}: {reason}"
+        ) from None
+
+
+def checkpoint_estimate(hidden_size: int, draft_layers: int, target_layers: int) -> int:
+    """Bytes of one checkpoint, from the drafter's shape (Qwen3-style layers with an MLP
+    of about 3x hidden and the fc over k target layers)."""
+    per_layer = 4 * hidden_size * hidden_size + 3 * hidden_size * (3 * hidden_size)
+    params = draft_layers * per_layer + target_layers * hidden_size * hidden_size
+    return params * CHECKPOINT_BYTES_PER_PARAM
+
+
+def check_disk(run_dir: RunDir, needed: int) -> int:
+    free = shutil.disk_usage(run_dir.root).free
+    if free < needed:
+        raise PreflightError(
+            "disk_full",
+            f"run_dir: {free / 2**20:.0f} MiB free in {run_dir.root}, a checkpoint needs "
+            f"about {needed / 2**20:.0f} MiB",
+        )
+    return free
+
+
+def run_preflight(
+    run_dir: RunDir,
+    train_args: Sequence[str],
+    *,
+    allow_busy: bool,
+    min_free_bytes: int | None,
+) -> argparse.Namespace:
+    """All checks in the order an operator fixes them; raises PreflightError."""
+    args = parse_train_args(run_dir, train_args)
+    target = check_target(args.target_model)
+    check_data_dir(args.data_dir)
+    check_gpus(
+        gpu_indices([*(args.target_gpus or []), *(args.drafter_gpus or [])]),
+        allow_busy=allow_busy,
+    )
+    check_output_dir(run_dir)
+    if min_free_bytes is None:
+        estimate = checkpoint_estimate(target.hidden_size, args.draft_layers, args.target_layers)
+        min_free_bytes = max(MIN_FREE_BYTES, int(estimate * CHECKPOINT_HEADROOM))
+    check_disk(run_dir, min_free_bytes)
+    return args

@@ -1,0 +1,120 @@
+"""Restart a run: check the overrides first (a bad one stops nothing), stop the trainer,
+then launch the recorded train args again, resuming from the newest checkpoint under the
+same run id, or from scratch under a new one (`fresh`)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dflash_train import protocol
+from dflash_train.checkpoints import latest_checkpoint
+from dflash_train.control.launch import (
+    REDACTED,
+    ControlBusy,
+    control_guard,
+    start_verified,
+)
+from dflash_train.control.preflight import PreflightError, parse_train_args
+from dflash_train.control.settings import (
+    parse_overrides,
+    setting_flag,
+    settings_in_args,
+    with_overrides,
+    without_options,
+)
+from dflash_train.control.stop import stop_run
+from dflash_train.rundir import RunDir, lock_is_held, read_json
+
+
+def _override_pairs(
+    sets: Mapping[str, str], extra: Sequence[str], recorded: Sequence[str]
+) -> list[tuple[str, str]]:
+    """`--set key=value` and `-- --option VALUE` overrides as option pairs; live settings
+    are judged together against the recorded values. Raises SettingError."""
+    pairs = parse_overrides(extra)
+    live = {
+        key: value
+        for flag, value in pairs
+        for key in protocol.LIVE_SETTINGS
+        if flag == setting_flag(key)
+    }
+    live |= dict(sets)
+    parsed = protocol.validate_settings(live, settings_in_args(recorded))
+    pairs = [(flag, value) for flag, value in pairs if flag not in map(setting_flag, parsed)]
+    return pairs + [(setting_flag(key), str(value)) for key, value in parsed.items()]
+
+
+def restart_run(
+    run_dir: RunDir,
+    *,
+    fresh: bool,
+    sets: Mapping[str, str],
+    extra_args: Sequence[str],
+    env: Mapping[str, str],
+    wait_s: float,
+    stop_timeout_s: float,
+    allow_busy: bool = False,
+    min_free_bytes: int | None = None,
+) -> protocol.Reply:
+    record = read_json(run_dir.run_json)
+    if not isinstance(record, dict) or not isinstance(record.get("train_args"), list):
+        return protocol.reply_error(
+            "restart", "no_record", f"run_dir: {run_dir.run_json} is missing: nothing to restart"
+        )
+    recorded = [str(a) for a in record["train_args"]]
+    try:
+        pairs = _override_pairs(sets, extra_args, recorded)
+    except protocol.SettingError as exc:
+        return protocol.reply_error("restart", "bad_override", str(exc))
+    args = with_overrides(without_options(recorded, ["--resume-from", "--run-id"]), pairs)
+    resume = None if fresh else latest_checkpoint(run_dir.checkpoints)
+    if resume is not None:
+        args += ["--resume-from", "latest"]
+    old_id = record.get("run_id")
+    run_id = old_id if not fresh and isinstance(old_id, str) else uuid.uuid4().hex[:12]
+    # Secrets were never written down: they must be given again.
+    recorded_env = record.get("env") if isinstance(record.get("env"), dict) else {}
+    kept = {k: str(v) for k, v in recorded_env.items() if v != REDACTED}
+    dropped = sorted(k for k, v in recorded_env.items() if v == REDACTED and k not in env)
+    new_env = {**kept, **env}
+    new_env.pop("DFLASH_RUN_ID", None)
+    try:
+        parse_train_args(run_dir, args)  # a bad override stops nothing
+    except PreflightError as exc:
+        return protocol.reply_error("restart", exc.code, exc.message)
+    try:
+        with control_guard(run_dir):
+            stopped: dict[str, Any] | None = None
+            if lock_is_held(run_dir.lock):
+                stop = stop_run(run_dir, timeout_s=stop_timeout_s)
+                if not stop.ok:
+                    return protocol.reply_error(
+                        "restart", stop.error_code or "stop_failed", stop.error or "", **stop.data
+                    )
+                stopped = dict(stop.data)
+            launched = start_verified(
+                run_dir,
+                args,
+                env=new_env,
+                wait_s=wait_s,
+                allow_busy=allow_busy,
+                min_free_bytes=min_free_bytes,
+                run_id=run_id,
+            )
+    except ControlBusy as exc:
+        return protocol.reply_error("restart", "busy", str(exc))
+    data = {
+        **launched.data,
+        "stopped": stopped,
+        "resumed_from": str(resume) if resume else None,
+        "fresh": fresh,
+        "train_args": args,
+        "env_dropped": dropped,
+    }
+    if not launched.ok:
+        return protocol.reply_error(
+            "restart", launched.error_code or "launch_failed", launched.error or "", **data
+        )
+    return protocol.reply_ok("restart", **data)

@@ -1,0 +1,139 @@
+"""What a run directory says about its run: running, finished, crashed, stalled or not
+started, judged from the run lock (liveness), the stream's tail and run.json."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dflash_train import protocol
+from dflash_train.control.tail import read_envelope
+from dflash_train.rundir import RunDir, lock_holder_pid, lock_is_held, read_json
+
+DEFAULT_STALL_AFTER_S = 120.0
+TAIL_BYTES = 4 << 20
+LOG_TAIL_LINES = 30
+_WANTED = ("run_start", "run_end", "step")
+
+
+@dataclass(frozen=True)
+class StreamFacts:
+    """The newest lines of one run in the stream's tail (None where absent)."""
+
+    last: protocol.StatusLine | None
+    run_start: protocol.StatusLine | None
+    run_end: protocol.StatusLine | None
+    step: protocol.StatusLine | None
+
+
+def tail_lines(path: Path, max_bytes: int) -> list[bytes]:
+    try:
+        with path.open("rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read()
+    except FileNotFoundError:
+        return []
+    end = data.rfind(b"\n")
+    lines = data[:end].split(b"\n") if end >= 0 else []
+    # The first piece may be the end of a line cut by the seek.
+    return lines[1:] if size > max_bytes else lines
+
+
+def find_lines(
+    path: Path, run: str | None, *, after_seq: int = -1, max_bytes: int = TAIL_BYTES
+) -> StreamFacts:
+    """Newest run_start, the run_end and step after it, and the last line, of run `run`
+    (None: the stream's last run) with seq above `after_seq`. Reads only the tail and
+    decodes only the lines it keeps."""
+    found: dict[str, protocol.StatusLine] = {}
+    last: protocol.StatusLine | None = None
+    for raw in reversed(tail_lines(path, max_bytes)):
+        env = read_envelope(raw)
+        if env is None:
+            continue
+        if run is None:
+            run = env.run
+        if env.run != run:
+            # One stream holds one run id, so a newest line of another run means the
+            # wanted run has written nothing yet.
+            break
+        if env.seq <= after_seq:
+            break
+        if last is None or (env.kind in _WANTED and env.kind not in found):
+            decoded = protocol.decode_line(raw)
+            if not isinstance(decoded, protocol.StatusLine):
+                continue
+            last = last or decoded
+            if env.kind in _WANTED:
+                found.setdefault(env.kind, decoded)
+        if env.kind == "run_start":
+            break  # lines before it belong to an earlier start of this run id
+    return StreamFacts(last, found.get("run_start"), found.get("run_end"), found.get("step"))
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES, *, since: int = 0) -> list[str]:
+    try:
+        with path.open("rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            # Enough for `lines` lines of a traceback without reading a huge log.
+            fh.seek(max(since, size - 512 * lines))
+            data = fh.read()
+    except FileNotFoundError:
+        return []
+    text = data.decode("utf-8", "replace").splitlines()
+    return text[-lines:]
+
+
+def run_status(
+    run_dir: RunDir, *, stall_after_s: float = DEFAULT_STALL_AFTER_S, now: float | None = None
+) -> dict[str, Any]:
+    now = time.time() if now is None else now
+    record = read_json(run_dir.run_json)
+    record = record if isinstance(record, dict) else {}
+    held = lock_is_held(run_dir.lock)
+    facts = find_lines(run_dir.status, None)
+    last = facts.last
+    recorded_run = record.get("run_id")
+    started_at = record.get("started_at")
+    # The latest launch has written nothing yet when the stream's newest line is another
+    # run's, or older than the launch.
+    fresh_launch = isinstance(started_at, (int, float)) and (
+        last is None or last.run != recorded_run or last.t < started_at
+    )
+    info: dict[str, Any] = {
+        "run_dir": str(run_dir.root),
+        "run_id": recorded_run if fresh_launch else (last.run if last else recorded_run),
+        "pid": lock_holder_pid(run_dir.lock) if held else record.get("pid"),
+        "last_seq": last.seq if last and not fresh_launch else None,
+        "last_step": facts.step.get("step") if facts.step and not fresh_launch else None,
+        "last_kind": last.kind if last and not fresh_launch else None,
+        "last_line_age": round(now - last.t, 1) if last and not fresh_launch else None,
+        "started_at": started_at,
+        "launch": record.get("launch"),
+        "total_steps": facts.run_start.get("total_steps") if facts.run_start else None,
+    }
+    if held:
+        since = started_at if fresh_launch else (last.t if last else started_at)
+        quiet = now - since if isinstance(since, (int, float)) else 0.0
+        info["state"] = "stalled" if quiet > stall_after_s else "running"
+        info["starting"] = fresh_launch or (facts.run_start is None)
+        info["quiet_s"] = round(quiet, 1)
+        return info
+    if last is None and not record:
+        info["state"] = "not_started"
+        return info
+    if facts.run_end is not None and not fresh_launch:
+        info["state"] = "finished"
+        info["reason"] = facts.run_end.get("reason")
+        info["exit_code"] = facts.run_end.get("exit_code")
+        if facts.run_end.get("reason") == "error":
+            info["error_tail"] = facts.run_end.get("error_tail")
+            info["log_tail"] = log_tail(run_dir.log)
+        return info
+    info["state"] = "crashed"
+    info["log_tail"] = log_tail(run_dir.log)
+    return info

@@ -1,0 +1,190 @@
+"""Live settings: find the values in force, change one through control.json and wait for
+the trainer's answer, and rewrite recorded train args with overrides for a restart."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dflash_train import protocol
+from dflash_train.control.run_status import tail_lines
+from dflash_train.control.tail import StreamFollower, read_envelope
+from dflash_train.rundir import RunDir, atomic_write_text, lock_is_held
+from dflash_train.status_writer import last_record
+
+POLL_S = 0.2
+ANSWERS = ("control_applied", "control_rejected")
+
+
+def setting_flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def settings_in_force(run_dir: RunDir) -> dict[str, int]:
+    """The newest values the stream reports: a queue line, an applied control change, or
+    run_start's settings, whichever comes last."""
+    run: str | None = None
+    for raw in reversed(tail_lines(run_dir.status, 1 << 20)):
+        env = read_envelope(raw)
+        if env is None or env.kind not in ("queue", "event", "run_start"):
+            continue
+        run = run or env.run
+        if env.run != run:
+            break
+        line = protocol.decode_line(raw)
+        if not isinstance(line, protocol.StatusLine):
+            continue
+        if env.kind == "queue":
+            values = {k: line.get(k) for k in protocol.LIVE_SETTINGS}
+        elif env.kind == "run_start" or line.get("code") == "control_applied":
+            values = line.get("settings") or {}
+        else:
+            continue
+        found = {k: v for k, v in values.items() if k in protocol.LIVE_SETTINGS}
+        found = {k: v for k, v in found.items() if type(v) is int}
+        if found:
+            return {**protocol.DEFAULT_SETTINGS, **found}
+    return dict(protocol.DEFAULT_SETTINGS)
+
+
+def settings_in_args(train_args: Sequence[str]) -> dict[str, int]:
+    """Live settings given in train args (the last occurrence wins, as in argparse)."""
+    found: dict[str, int] = {}
+    for key in protocol.LIVE_SETTINGS:
+        value = option_value(train_args, setting_flag(key))
+        if value is not None:
+            try:
+                found[key] = int(value)
+            except ValueError:
+                continue
+    return {**protocol.DEFAULT_SETTINGS, **found}
+
+
+def option_value(args: Sequence[str], flag: str) -> str | None:
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def without_options(args: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """`args` minus every `--flag VALUE` / `--flag=VALUE` of the given flags (every train
+    option takes a value)."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        if arg in flags:
+            skip = True
+            continue
+        if any(arg.startswith(flag + "=") for flag in flags):
+            continue
+        out.append(arg)
+    return out
+
+
+def parse_overrides(extra: Sequence[str]) -> list[tuple[str, str]]:
+    """`--flag VALUE` / `--flag=VALUE` pairs; raises SettingError naming a bad token."""
+    pairs: list[tuple[str, str]] = []
+    i = 0
+    while i < len(extra):
+        arg = extra[i]
+        if not arg.startswith("--") or arg == "--":
+            raise protocol.SettingError(f"override {arg!r}: expected --option VALUE")
+        if "=" in arg:
+            flag, value = arg.split("=", 1)
+            i += 1
+        elif i + 1 < len(extra):
+            flag, value = arg, extra[i + 1]
+            i += 2
+        else:
+            raise protocol.SettingError(f"override {arg}: missing its value")
+        pairs.append((flag, value))
+    return pairs
+
+
+def with_overrides(args: Sequence[str], pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """Recorded args with each overridden option's earlier values replaced."""
+    out = without_options(args, [flag for flag, _ in pairs])
+    for flag, value in pairs:
+        out += [flag, value]
+    return out
+
+
+def _answer(follower: StreamFollower, rev: int) -> protocol.StatusLine | None:
+    for raw in follower.poll():
+        env = read_envelope(raw)
+        if env is None or env.kind != "event":
+            continue
+        line = protocol.decode_line(raw)
+        if (
+            isinstance(line, protocol.StatusLine)
+            and line.get("code") in ANSWERS
+            and line.get("rev") == rev
+        ):
+            return line
+    return None
+
+
+def _current_rev(run_dir: RunDir) -> int:
+    try:
+        decoded = protocol.decode_control(run_dir.control.read_text(encoding="utf-8"))
+    except (FileNotFoundError, UnicodeDecodeError):
+        return 0
+    return decoded.rev if isinstance(decoded, protocol.ControlFile) else 0
+
+
+def set_setting(run_dir: RunDir, key: str, raw_value: str, *, wait_s: float) -> protocol.Reply:
+    """Validate, write control.json atomically with the next rev, wait for the answer.
+    The caller holds `control_guard`, so two changes cannot take the same rev."""
+    try:
+        value = protocol.parse_setting_value(key, raw_value)
+    except protocol.SettingError as exc:
+        code = "unknown_setting" if key not in protocol.LIVE_SETTINGS else "bad_value"
+        return protocol.reply_error("set", code, str(exc))
+    if not lock_is_held(run_dir.lock):
+        return protocol.reply_error(
+            "set", "not_running", f"run_dir: no trainer holds {run_dir.lock}"
+        )
+    current = settings_in_force(run_dir)
+    try:
+        protocol.validate_settings({key: value}, current)
+    except protocol.SettingError as exc:
+        return protocol.reply_error("set", "out_of_range", str(exc), current=current)
+    last = last_record(run_dir.status)
+    follower = StreamFollower(
+        run_dir.status,
+        from_seq=last.seq if last else -1,
+        run=last.run if last else None,
+    )
+    rev = _current_rev(run_dir) + 1
+    atomic_write_text(run_dir.control, protocol.ControlFile(rev, {key: value}).to_json() + "\n")
+    common: dict[str, Any] = {"key": key, "value": value, "rev": rev}
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            answer = _answer(follower, rev)
+            if answer is not None:
+                break
+            if time.monotonic() >= deadline:
+                return protocol.reply_error(
+                    "set",
+                    "no_answer",
+                    f"control.json rev {rev} written; the trainer did not answer within "
+                    f"{wait_s:g} s (it may still apply it)",
+                    **common,
+                )
+            time.sleep(POLL_S)
+    finally:
+        follower.close()
+    message = str(answer.get("message", ""))
+    if answer.get("code") == "control_rejected":
+        return protocol.reply_error("set", "control_rejected", f"{key}: {message}", **common)
+    settings: Mapping[str, Any] = answer.get("settings") or {}
+    return protocol.reply_ok("set", **common, message=message, settings=dict(settings))
