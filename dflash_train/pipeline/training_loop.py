@@ -104,7 +104,8 @@ def _submit(run: TrainingRun, epoch: int, batches: int, tokens: int) -> None:
         StepRecord(
             step=run.step,
             epoch=epoch,
-            epoch_progress=len(run.consumed) / max(1, batches),
+            # Ranks share the epoch evenly; rank 0 knows only its own share.
+            epoch_progress=min(1.0, len(run.consumed) * run.rank.world_size / max(1, batches)),
             lr=run.stepper.lr,
             tokens_total=run.tokens_seen,
             tokens_interval=tokens,

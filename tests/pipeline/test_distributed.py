@@ -1,0 +1,51 @@
+"""Two drafter ranks on the CPU: `train --drafter-gpus cpu,cpu` starts the second rank
+itself, DDP runs over gloo, the batches are split, and only rank 0 writes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from dflash_train import protocol
+
+
+def test_two_gloo_ranks_train_and_rank0_writes(tmp_path: Path, prepared_data_dir: Path) -> None:
+    run_dir = tmp_path / "run"
+    argv = [
+        sys.executable, "-m", "dflash_train", "train",
+        "--target-model", "random:tiny",
+        "--data-dir", str(prepared_data_dir),
+        "--output-dir", str(run_dir),
+        "--drafter-gpus", "cpu,cpu",
+        "--pipeline", "sync",
+        "--max-steps", "3",
+        "--save-every", "2",
+        "--draft-layers", "1", "--target-layers", "1", "--block-size", "4",
+        "--num-anchors", "8", "--tokens-per-batch", "512", "--max-length", "128",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("run_end: completed at step 3") == 2  # both ranks finished
+    lines = [
+        protocol.decode_line(raw) for raw in (run_dir / "status.jsonl").read_bytes().splitlines()
+    ]
+    assert all(isinstance(line, protocol.StatusLine) for line in lines)
+    kinds = [line.kind for line in lines]  # type: ignore[union-attr]
+    assert kinds.count("run_start") == 1 and kinds.count("run_end") == 1
+    start = lines[0]
+    assert start["topology"]["world_size"] == 2 and start["topology"]["drafter"] == ["cpu", "cpu"]
+    steps = [line for line in lines if line.kind == "step"]  # type: ignore[union-attr]
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert lines[-1]["reason"] == "completed"
+    # Each rank takes half of every epoch's batches.
+    per_epoch = start["batches_per_epoch"] // 2
+    assert start["total_steps"] == 3 and per_epoch >= 1
+    saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert saved[-1] == "step_0000003"
+    state = torch.load(run_dir / "checkpoints" / saved[-1] / "optimizer.pt", weights_only=False)
+    assert state["state"], "rank 0 saved a stepped optimizer"
