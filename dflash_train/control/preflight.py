@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -70,19 +72,31 @@ def check_target(spec: str) -> Any:
 
 
 def _readable(path: Path, what: str) -> None:
+    """A regular file we can read from. Opened without blocking: a FIFO or device in
+    place of a file must not hang the preflight."""
     try:
-        with path.open("rb") as fh:
-            fh.read(8)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise PreflightError("data_dir_unreadable", f"data_dir: {what} {path}: {reason}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PreflightError(
+                "data_dir_unreadable", f"data_dir: {what} {path}: not a regular file"
+            )
+        os.read(fd, 8)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise PreflightError("data_dir_unreadable", f"data_dir: {what} {path}: {reason}") from None
+    finally:
+        os.close(fd)
 
 
 def _dataset_files(directory: Path) -> list[Path]:
     """A `save_to_disk` dataset's shard files, from its state.json."""
     state_file = directory / "state.json"
     for name in ("state.json", "dataset_info.json"):
-        _readable(directory / name, "missing or unreadable")
+        _readable(directory / name, "dataset file")
     try:
         state = json.loads(state_file.read_text(encoding="utf-8"))
         names = [entry["filename"] for entry in state["_data_files"]]
