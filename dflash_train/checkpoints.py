@@ -4,6 +4,7 @@ last, rename into place, keep the newest K. Holds everything exact resume needs.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
@@ -20,6 +21,8 @@ _STEP_DIR = re.compile(r"^step_(\d{7,})$")
 # Test hook: stall the save of this step after its files are written and before the
 # marker, so a test can SIGKILL the trainer inside the real save path.
 STALL_ENV = "DFLASH_TEST_STALL_SAVE_AT_STEP"
+# Below this much free space after a failed save, the disk is what failed.
+DISK_FULL_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,26 @@ def restore_rng(state: dict[str, Any]) -> None:
             torch.cuda.set_rng_state(cuda_state, index)
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written; its temp dir is gone, older ones are untouched."""
+
+
+def _write_failure(root: Path, tmp: Path, step: int, exc: Exception) -> str:
+    """Remove the half-written temp dir (it may be what fills the disk) and say why the
+    save failed in one line. torch.save reports a full disk as a bare RuntimeError, so
+    the free space is measured before cleaning up."""
+    free = shutil.disk_usage(root).free
+    shutil.rmtree(tmp, ignore_errors=True)
+    full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC
+    if full or free < DISK_FULL_BYTES:
+        reason = f"no space left on the device of {root} ({free / 2**20:.1f} MiB free)"
+    else:
+        reason = f"{type(exc).__name__}: {exc}"
+    newest = latest_checkpoint(root)
+    kept = f"{newest.name} is the newest complete one" if newest else "no complete one exists"
+    return f"checkpoint at step {step} not written: {reason}; {kept}"
+
+
 def save_checkpoint(
     root: Path,
     *,
@@ -150,21 +173,24 @@ def save_checkpoint(
     if tmp.exists():  # left by a process killed mid-save
         shutil.rmtree(tmp)
     tmp.mkdir()
-    save_drafter(drafter, tmp)
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save(rng, tmp / "rng.pt")
-    (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2), encoding="utf-8")
-    if os.environ.get(STALL_ENV) == str(state.step):
-        time.sleep(3600)
-    files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
-    marker = {"step": state.step, "files": files, "written_at": time.time()}
-    _fsync_tree(tmp)
-    # The marker goes in last: a dir without it (or with a short file) is never loaded.
-    with (tmp / COMPLETE_MARKER).open("w", encoding="utf-8") as fh:
-        json.dump(marker, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        save_drafter(drafter, tmp)
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        torch.save(rng, tmp / "rng.pt")
+        (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2), encoding="utf-8")
+        if os.environ.get(STALL_ENV) == str(state.step):
+            time.sleep(3600)
+        files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
+        marker = {"step": state.step, "files": files, "written_at": time.time()}
+        _fsync_tree(tmp)
+        # The marker goes in last: a dir without it (or with a short file) is never loaded.
+        with (tmp / COMPLETE_MARKER).open("w", encoding="utf-8") as fh:
+            json.dump(marker, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except Exception as exc:
+        raise CheckpointWriteError(_write_failure(root, tmp, state.step, exc)) from exc
     if final.exists():  # a re-save of the same step (e.g. resume then immediate stop)
         shutil.rmtree(final)
     os.rename(tmp, final)
