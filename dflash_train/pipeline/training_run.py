@@ -344,15 +344,24 @@ class TrainingRun:
             if self.monitor and self.monitor.control
             else None,
         )
-        path = checkpoints.save_checkpoint(
-            self.run_dir.checkpoints,
-            drafter=self.drafter,
-            optimizer=self.stepper.optimizer,
-            scheduler=self.stepper.scheduler,
-            state=state,
-            rng=checkpoints.capture_rng([self.device, *self.target_devices]),
-            keep=self.args.keep_checkpoints,
-        )
+        try:
+            path = checkpoints.save_checkpoint(
+                self.run_dir.checkpoints,
+                drafter=self.drafter,
+                optimizer=self.stepper.optimizer,
+                scheduler=self.stepper.scheduler,
+                state=state,
+                rng=checkpoints.capture_rng([self.device, *self.target_devices]),
+                keep=self.args.keep_checkpoints,
+            )
+        except checkpoints.CheckpointWriteError as exc:
+            # Said as an event before the run ends with the error (the run_end follows).
+            if self.monitor is not None:
+                self.monitor.emit(
+                    "event", level="error", code="checkpoint_failed", message=str(exc),
+                    step=self.step,
+                )  # fmt: skip
+            raise
         self.last_saved_step = self.step
         seconds = round(time.monotonic() - start, 3)
         if self.monitor is not None:
