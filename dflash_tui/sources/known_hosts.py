@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import asyncssh
 
@@ -35,6 +36,21 @@ def host_is_listed(path: Path, host: str, port: int) -> bool:
     *changed* key rather than an unknown one."""
     trusted = asyncssh.match_known_hosts(load_known_hosts(path), host, "", port)
     return bool(trusted[0])
+
+
+async def fetch_host_key(
+    host: str,
+    port: int | None,
+    tunnel: asyncssh.SSHClientConnection | None,
+    config: Any,
+) -> tuple[str, int, asyncssh.SSHKey | None]:
+    """The key a server presents, with the real host and port behind an ssh_config alias
+    (resolved the way connect() does), which is what a trusted line must name."""
+    resolved = await asyncssh.SSHClientConnectionOptions.construct(
+        host=host, port=port or (), config=config, known_hosts=None
+    )
+    key = await asyncssh.get_server_host_key(host, port or (), tunnel=tunnel or (), config=config)
+    return resolved.host, resolved.port, key
 
 
 def fingerprint(key: asyncssh.SSHKey) -> str:

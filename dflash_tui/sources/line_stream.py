@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from dflash_train import protocol
 
 READ_CHUNK = 1 << 16
+STDERR_TAIL_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -78,3 +80,15 @@ class LineStream:
             self._pending = b""
         self._ready = parts
         self._next = 0
+
+
+def last_bytes(data: bytes | bytearray) -> bytes:
+    return bytes(data[-STDERR_TAIL_BYTES:])
+
+
+async def drain_tail(read: Callable[[int], Awaitable[Any]], into: bytearray) -> None:
+    """Read a stream to EOF keeping only its tail in `into`: an unread stderr would stall
+    the command once its pipe or channel window fills."""
+    while chunk := await read(4096):
+        into += chunk
+        del into[:-STDERR_TAIL_BYTES]

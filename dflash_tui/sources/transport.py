@@ -23,9 +23,8 @@ from typing import Any, Protocol
 import asyncssh
 
 from dflash_tui.sources import known_hosts as trust
-from dflash_tui.sources.line_stream import LineStream, StreamEnd
+from dflash_tui.sources.line_stream import LineStream, StreamEnd, drain_tail, last_bytes
 
-STDERR_TAIL_BYTES = 4096
 # How long a stream's command gets to exit after we close its input/channel.
 STOP_GRACE_S = 2.0
 
@@ -105,10 +104,6 @@ class Transport(Protocol):
     async def close(self) -> None: ...
 
 
-def _tail(data: bytes | bytearray) -> bytes:
-    return bytes(data[-STDERR_TAIL_BYTES:])
-
-
 def _describe_prefix(exec_prefix: Sequence[str]) -> str:
     # "pct exec 200 --" reads better without its trailing separator.
     words = [w for w in exec_prefix if w != "--"]
@@ -164,13 +159,13 @@ class LocalTransport:
             raise TransportError(f"{argv[0] if argv else ''}: {exc}") from exc
         assert proc.stdout is not None and proc.stderr is not None
         stderr = bytearray()
-        drain = asyncio.create_task(_drain(proc.stderr.read, stderr))
+        drain = asyncio.create_task(drain_tail(proc.stderr.read, stderr))
 
         async def finish() -> StreamEnd:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
                 await asyncio.wait_for(drain, STOP_GRACE_S)
-            return StreamEnd(proc.returncode, _tail(stderr))
+            return StreamEnd(proc.returncode, last_bytes(stderr))
 
         try:
             yield LineStream(proc.stdout.read, finish)
@@ -193,14 +188,6 @@ async def _stop_local(proc: asyncio.subprocess.Process) -> None:
             os.killpg(proc.pid, sig)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
-
-
-async def _drain(read: Any, into: bytearray) -> None:
-    """Read a stream to EOF keeping only its tail (an unread stderr would stall the
-    command once its pipe or channel window fills)."""
-    while chunk := await read(4096):
-        into += chunk
-        del into[:-STDERR_TAIL_BYTES]
 
 
 # ---------------------------------------------------------------------------------------
@@ -315,29 +302,21 @@ class SshTransport:
         tunnel: asyncssh.SSHClientConnection | None,
         options: dict[str, Any],
     ) -> TransportError:
-        # Resolve the alias the way connect() did, so the fingerprint and any trusted
-        # line name the real host and port.
-        config = options.get("config", ())
-        resolved = await asyncssh.SSHClientConnectionOptions.construct(
-            host=host, port=port or (), config=config, known_hosts=None
-        )
-        real_host, real_port = resolved.host, resolved.port
         try:
-            key = await asyncio.wait_for(
-                asyncssh.get_server_host_key(host, port or (), tunnel=tunnel or (), config=config),
+            real_host, real_port, key = await asyncio.wait_for(
+                trust.fetch_host_key(host, port, tunnel, options.get("config", ())),
                 self.connect_timeout,
             )
         except (*SSH_ERRORS, asyncio.TimeoutError) as exc:
-            return TransportError(f"{real_host}:{real_port}: host key refused, then {exc}")
+            return TransportError(f"{host}:{port or 22}: host key refused, then {exc}")
         if key is None:
             return TransportError(f"{real_host}:{real_port}: server presented no host key")
-        changed = trust.host_is_listed(self.known_hosts_path, real_host, real_port)
         return HostKeyUnknown(
             real_host,
             real_port,
             trust.fingerprint(key),
             key=key,
-            changed=changed,
+            changed=trust.host_is_listed(self.known_hosts_path, real_host, real_port),
             known_hosts_path=self.known_hosts_path,
         )
 
@@ -376,7 +355,7 @@ class SshTransport:
         process = await self._process(argv)
         conn = process.channel.get_connection()
         stderr = bytearray()
-        drain = asyncio.create_task(_drain(process.stderr.read, stderr))
+        drain = asyncio.create_task(drain_tail(process.stderr.read, stderr))
 
         async def read(size: int) -> bytes:
             try:
@@ -389,7 +368,7 @@ class SshTransport:
             with contextlib.suppress(asyncio.TimeoutError, *SSH_ERRORS):
                 await asyncio.wait_for(process.wait_closed(), STOP_GRACE_S)
                 await asyncio.wait_for(drain, STOP_GRACE_S)
-            return StreamEnd(process.returncode, _tail(stderr))
+            return StreamEnd(process.returncode, last_bytes(stderr))
 
         try:
             yield LineStream(read, finish)

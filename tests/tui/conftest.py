@@ -3,17 +3,22 @@ server (per test, in the test's event loop) and one OpenSSH sshd shared by the s
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import asyncssh
 import pytest
 
+from dflash_train.protocol import Rejected, StatusLine
 from dflash_train.status_writer import StatusWriter
+from dflash_tui.sources.backoff import Backoff
 from dflash_tui.sources.known_hosts import trust_host_key
+from dflash_tui.sources.session import ConnectionState, Session
+from dflash_tui.sources.state import RunState
 from dflash_tui.sources.transport import SshTransport
 from tests.sshd import (
     LOOPBACK,
@@ -189,3 +194,52 @@ def ssh_transport(
 ) -> SshTransport:
     known = trusted_known_hosts(tmp_path / "known_hosts", ssh_server.port, server_key(ssh_server))
     return transport_to(ssh_server.port, client_key, known)
+
+
+# ---------------------------------------------------------------------------------------
+# A console's view of a session, for the session tests.
+
+# The box side of the tests runs this interpreter: `PYTHON -m dflash_train`.
+TRAINER_PYTHON = sys.executable
+FAST_BACKOFF = Backoff(initial=0.05, cap=0.3)
+
+
+async def wait_for(check: Callable[[], bool], timeout: float = 60, what: str = "") -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what or 'a condition'}")
+        await asyncio.sleep(0.05)
+
+
+class Watcher:
+    """What a console would keep: every delivered line, the states, and a RunState."""
+
+    def __init__(self) -> None:
+        self.lines: list[StatusLine] = []
+        self.rejected: list[Rejected] = []
+        self.states: list[ConnectionState] = []
+        self.state = RunState()
+
+    def on_line(self, line: StatusLine) -> None:
+        self.lines.append(line)
+        self.state.apply(line)
+
+    def session(self, transport: SshTransport, run_dir: Path | str, **kw: object) -> Session:
+        return Session(
+            transport,
+            run_dir=str(run_dir),
+            python=TRAINER_PYTHON,
+            on_line=self.on_line,
+            on_reject=self.rejected.append,
+            on_connection=self.states.append,
+            backoff=FAST_BACKOFF,
+            **kw,  # type: ignore[arg-type]
+        )
+
+    def live_seqs(self) -> list[int]:
+        return [ln.seq for ln in self.lines if not ln.get("history")]
+
+    def reconnects(self) -> int:
+        return sum(1 for s in self.states if s.status == "reconnecting")

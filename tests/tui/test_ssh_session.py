@@ -6,65 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import shlex
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from dflash_train.protocol import Rejected, StatusLine
-from dflash_tui.sources.backoff import Backoff
-from dflash_tui.sources.session import ConnectionState, InputError, ReadOnlyError, Session
-from dflash_tui.sources.state import RunState
+from dflash_tui.sources.session import InputError, ReadOnlyError, Session
 from dflash_tui.sources.transport import SshTransport
 from tests.sshd import InProcessServer, OpenSshServer
-from tests.tui.conftest import PCT_PREFIX, start_stream_writer
+from tests.tui.conftest import PCT_PREFIX, Watcher, start_stream_writer, wait_for
 
 Server = InProcessServer | OpenSshServer
-# The box side of these tests runs this interpreter: `PYTHON -m dflash_train`.
-TRAINER_PYTHON = sys.executable
-FAST = Backoff(initial=0.05, cap=0.3)
-
-
-async def wait_for(check: Callable[[], bool], timeout: float = 60, what: str = "") -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what or 'a condition'}")
-        await asyncio.sleep(0.05)
-
-
-class Watcher:
-    """What a console would keep: every delivered line, the states, and a RunState."""
-
-    def __init__(self) -> None:
-        self.lines: list[StatusLine] = []
-        self.rejected: list[Rejected] = []
-        self.states: list[ConnectionState] = []
-        self.state = RunState()
-
-    def on_line(self, line: StatusLine) -> None:
-        self.lines.append(line)
-        self.state.apply(line)
-
-    def session(self, transport: SshTransport, run_dir: Path | str, **kw: object) -> Session:
-        return Session(
-            transport,
-            run_dir=str(run_dir),
-            python=TRAINER_PYTHON,
-            on_line=self.on_line,
-            on_reject=self.rejected.append,
-            on_connection=self.states.append,
-            backoff=FAST,
-            **kw,  # type: ignore[arg-type]
-        )
-
-    def live_seqs(self) -> list[int]:
-        return [ln.seq for ln in self.lines if not ln.get("history")]
-
-    def reconnects(self) -> int:
-        return sum(1 for s in self.states if s.status == "reconnecting")
 
 
 async def test_follow_survives_repeated_drops_without_gap_or_duplicate(
