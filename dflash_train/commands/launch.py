@@ -58,15 +58,18 @@ def split_rest(
 ) -> list[str]:
     """argparse hands everything after RUN_DIR to `rest`: options up to `--` are this
     command's (parsed into `args`), what follows `--` is passed on untouched. argparse
-    drops a `--` that comes right after RUN_DIR, so when the part before `--` is not our
-    options, all of `rest` is passed on. Raises OptionError for a bad option of ours."""
+    drops a `--` that comes right after RUN_DIR, so a `rest` without `--` that does not
+    start with one of our options is passed on whole. Raises OptionError."""
     rest: list[str] = list(args.rest)
-    cut = rest.index("--") if "--" in rest else len(rest)
     parser = _RaisingParser(add_help=False)
     add_options(parser)
-    ours = {s for action in parser._actions for s in action.option_strings}
-    if rest[:cut] and rest[0].split("=", 1)[0] not in ours:
-        return rest
+    if "--" in rest:
+        cut = rest.index("--")
+    else:
+        ours = {s for action in parser._actions for s in action.option_strings}
+        if rest and rest[0].split("=", 1)[0] not in ours:
+            return rest
+        cut = len(rest)
     parser.parse_args(rest[:cut], namespace=args)
     return rest[cut + 1 :]
 

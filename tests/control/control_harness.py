@@ -138,3 +138,16 @@ def decode_all(data: bytes) -> list[protocol.StatusLine]:
 
 def read_json_file(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def dataset_shell(directory: Path, shards: int = 2) -> Path:
+    """The files of a `save_to_disk` dataset with placeholder shard bytes: enough for
+    preflight, which checks presence and readability, never contents."""
+    directory.mkdir(parents=True, exist_ok=True)
+    names = [f"data-{i:05d}-of-{shards:05d}.arrow" for i in range(shards)]
+    state = {"_data_files": [{"filename": name} for name in names], "_split": None}
+    (directory / "state.json").write_text(json.dumps(state))
+    (directory / "dataset_info.json").write_text("{}")
+    for name in names:
+        (directory / name).write_bytes(b"\xff\xff\xff\xff placeholder")
+    return directory
