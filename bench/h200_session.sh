@@ -19,7 +19,10 @@ echo "== synthetic data"; $py bench/synthetic_dataset.py --out /tmp/synth --samp
 
 echo "== real run: launch on GPUs (target 0, drafter 1)"
 run=/tmp/run_gpu
-$py -m dflash_train launch "$run" --wait 300 -- --target-model random:qwen3-8b --data-dir /tmp/synth \
+# launch passes an explicit environment: name what the trainer needs here.
+envs=(--env "PYTHONPATH=${PYTHONPATH:-}" --env "DFLASH_CACHE_DIR=$DFLASH_CACHE_DIR" --env NCCL_NVLS_ENABLE=0
+      --env TORCH_SYMM_MEM_DISABLE_MULTICAST=1 --env NVSHMEM_DISABLE_NVLS=1)
+$py -m dflash_train launch "$run" --wait 300 "${envs[@]}" -- --target-model random:qwen3-8b --data-dir /tmp/synth \
   --target-gpus 0 --drafter-gpus 1 --max-steps "${STEPS:-150}" --hs-queue-depth 8 --hs-min-ready 2 \
   --tokens-per-batch 16384 --num-anchors 512 --save-every 100 --log-every 5 | tee "$OUT/launch.json"
 sleep 20
