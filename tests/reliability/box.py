@@ -111,6 +111,19 @@ def signal_group(run_dir: Path, sig: signal.Signals) -> int:
     return pgid
 
 
+def wait_unlocked(run_dir: Path, timeout: float = 15) -> None:
+    """A signalled process needs a moment to die; its flock goes with it."""
+    deadline = time.monotonic() + timeout
+    while lock_is_held(run_dir / "run.lock"):
+        assert time.monotonic() < deadline, "the trainer still holds run.lock"
+        time.sleep(0.05)
+
+
+def sigkill(run_dir: Path) -> None:
+    signal_group(run_dir, signal.SIGKILL)
+    wait_unlocked(run_dir)
+
+
 def kill_run(run_dir: Path) -> None:
     """Test cleanup: SIGKILL the recorded group (continued first, in case it was stopped)."""
     with contextlib.suppress(FileNotFoundError, KeyError, ValueError, ProcessLookupError):

@@ -69,9 +69,13 @@ class Recorder:
         self.rejected: list[Rejected] = []
         self.states: list[ConnectionState] = []
         self.state = RunState(stall_after=stall_after)
+        # Run ids in the order the console met them (one entry per switch).
+        self.runs: list[str] = []
 
     def on_line(self, line: StatusLine) -> None:
         self.lines.append(line)
+        if not self.runs or self.runs[-1] != line.run:
+            self.runs.append(line.run)
         self.state.apply(line)
 
     def on_reject(self, rejected: Rejected) -> None:
