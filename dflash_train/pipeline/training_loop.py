@@ -26,7 +26,7 @@ def run_epochs(run: TrainingRun) -> str:
     for epoch in range(run.epoch, args.epochs):
         if run.epoch != epoch:
             run.epoch, run.consumed = epoch, set()
-        order = run.plans[epoch]
+        order = run.plan(epoch)
         remaining = [p for p in range(len(order)) if p not in run.consumed]
         positions = shard_positions(remaining, run.rank.rank, run.rank.world_size)
         plan = EpochPlan(epoch, order, positions)

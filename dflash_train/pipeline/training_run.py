@@ -58,13 +58,13 @@ class TrainingRun:
         self.group: RankGroup | None = None
         self.wandb: Any = None
         self.resumed_from: str | None = None
+        self._plan_cache: tuple[int, list[list[int]]] | None = None
 
     # -- set-up -------------------------------------------------------------------------
     def setup(self) -> None:
         import torch
 
-        from dflash_train.data.buckets import batch_plan_stats, bucketed_batches, length_buckets
-        from dflash_train.data.dataset import load_dataset_dir
+        from dflash_train.data.buckets import length_buckets
 
         args = self.args
         drafters = args.drafter_gpus or (["cuda:0"] if torch.cuda.is_available() else ["cpu"])
@@ -79,31 +79,7 @@ class TrainingRun:
         ]
         torch.manual_seed(args.seed)
 
-        self.dataset = load_dataset_dir(args.data_dir)
-        print(f"{len(self.dataset)} samples loaded from {args.data_dir}", file=sys.stderr)
-        lengths = self.dataset.lengths
-        clipped = lengths.clip(max=args.max_length)
-        self.plans = [
-            bucketed_batches(
-                lengths,
-                tokens_per_batch=args.tokens_per_batch,
-                epoch=epoch,
-                seed=args.seed,
-                num_buckets=args.num_buckets,
-                max_length=args.max_length,
-            )
-            for epoch in range(args.epochs)
-        ]
-        stats = batch_plan_stats(lengths, self.plans[0], args.max_length)
-        print(stats.describe(), file=sys.stderr)
-        self.batch_stats = stats
-        per_epoch = [
-            len(shard_positions(range(len(p)), 0, self.rank.world_size)) for p in self.plans
-        ]
-        self.total_steps = sum(per_epoch)
-        if args.max_steps is not None:
-            self.total_steps = min(self.total_steps, args.max_steps)
-
+        self._load_data()
         self._load_models(torch)
         self._build_stepper()
         if args.resume_from:
@@ -113,7 +89,7 @@ class TrainingRun:
             self.dataset,
             args.max_length,
             0 if pad_id is None else int(pad_id),
-            length_buckets(clipped, args.num_buckets),
+            length_buckets(self.dataset.lengths.clip(max=args.max_length), args.num_buckets),
             pin=any(d.type == "cuda" for d in self.target_devices),
             timers=self.timers,
         )
@@ -140,6 +116,43 @@ class TrainingRun:
             )
         self._start_monitor()
         self._write_run_start()
+
+    def _load_data(self) -> None:
+        from dflash_train.data.buckets import batch_plan_stats
+        from dflash_train.data.dataset import load_dataset_dir
+
+        args = self.args
+        self.dataset = load_dataset_dir(args.data_dir)
+        print(f"{len(self.dataset)} samples loaded from {args.data_dir}", file=sys.stderr)
+        first = self.plan(0)
+        self.batches_per_epoch = len(first)
+        self.batch_stats = batch_plan_stats(self.dataset.lengths, first, args.max_length)
+        print(self.batch_stats.describe(), file=sys.stderr)
+        # Batch counts differ a little between epochs (buckets are cut afresh each time).
+        world = self.rank.world_size
+        self.total_steps = sum(
+            len(shard_positions(range(len(self.plan(e))), 0, world)) for e in range(args.epochs)
+        )
+        if args.max_steps is not None:
+            self.total_steps = min(self.total_steps, args.max_steps)
+
+    def plan(self, epoch: int) -> list[list[int]]:
+        """The epoch's batches (sample indices). Only the latest epoch's plan is kept, so
+        memory does not grow with the number of epochs."""
+        from dflash_train.data.buckets import bucketed_batches
+
+        if self._plan_cache is None or self._plan_cache[0] != epoch:
+            args = self.args
+            order = bucketed_batches(
+                self.dataset.lengths,
+                tokens_per_batch=args.tokens_per_batch,
+                epoch=epoch,
+                seed=args.seed,
+                num_buckets=args.num_buckets,
+                max_length=args.max_length,
+            )
+            self._plan_cache = (epoch, order)
+        return self._plan_cache[1]
 
     def _load_models(self, torch: Any) -> None:
         from dflash_train.targets import load_target
@@ -201,6 +214,10 @@ class TrainingRun:
     def _resume(self, spec: str) -> None:
         from dflash_train.drafter import load_drafter
 
+        if spec == "latest" and checkpoints.latest_checkpoint(self.run_dir.checkpoints) is None:
+            # A restart of a run that died before its first save starts over instead of failing.
+            print("--resume-from latest: no checkpoint yet; starting at step 0", file=sys.stderr)
+            return
         path = checkpoints.resolve_resume(spec, self.run_dir.checkpoints)
         loaded = checkpoints.load_checkpoint(path)
         saved = load_drafter(path, self.device)
@@ -298,7 +315,7 @@ class TrainingRun:
                 "pipeline": self.args.pipeline,
             },
             dataset=dataset,
-            batches_per_epoch=len(self.plans[0]),
+            batches_per_epoch=self.batches_per_epoch,
             total_steps=self.total_steps,
             pid=os.getpid(),
             host=socket.gethostname(),
