@@ -69,9 +69,6 @@ def restart_run(
     except protocol.SettingError as exc:
         return protocol.reply_error("restart", "bad_override", str(exc))
     args = with_overrides(without_options(recorded, ["--resume-from", "--run-id"]), pairs)
-    resume = None if fresh else latest_checkpoint(run_dir.checkpoints)
-    if resume is not None:
-        args += ["--resume-from", "latest"]
     old_id = record.get("run_id")
     run_id = old_id if not fresh and isinstance(old_id, str) else uuid.uuid4().hex[:12]
     # Secrets were never written down: they must be given again.
@@ -94,6 +91,10 @@ def restart_run(
                         "restart", stop.error_code or "stop_failed", stop.error or "", **stop.data
                     )
                 stopped = dict(stop.data)
+            # Looked up after the stop: a trainer checkpoints on SIGTERM.
+            resume = None if fresh else latest_checkpoint(run_dir.checkpoints)
+            if resume is not None:
+                args += ["--resume-from", "latest"]
             launched = start_verified(
                 run_dir,
                 args,
