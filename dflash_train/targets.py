@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dflash_train.target_presets import RANDOM_PRESETS, build_random_model
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -21,111 +23,6 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CACHE_NAME = "smollm2-135m-instruct"
 # SmolLM2-135M-Instruct's shape, so resolving the spec needs neither torch nor the model.
 SMOLLM2_SHAPE = {"num_layers": 30, "hidden_size": 576, "vocab_size": 49152}
-SMOLLM2_VOCAB = 49152
-
-
-@dataclass(frozen=True)
-class RandomPreset:
-    """A randomly initialised target built from a config: throughput does not depend on
-    the weights, so big targets need no download."""
-
-    model_type: str
-    config: dict[str, Any]
-
-    @property
-    def num_layers(self) -> int:
-        return int(self.config["num_hidden_layers"])
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.config["hidden_size"])
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.config["vocab_size"])
-
-
-_QWEN3_COMMON: dict[str, Any] = {
-    "hidden_act": "silu",
-    "rms_norm_eps": 1e-6,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0},
-    "max_position_embeddings": 40960,
-    "tie_word_embeddings": False,
-    "attention_bias": False,
-}
-
-RANDOM_PRESETS: dict[str, RandomPreset] = {
-    # SmolLM2's vocab, so SmolLM2-tokenized datasets fit; small enough for CPU tests.
-    "tiny": RandomPreset(
-        "qwen3",
-        _QWEN3_COMMON
-        | {
-            "vocab_size": SMOLLM2_VOCAB,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 6,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 16,
-            "max_position_embeddings": 4096,
-        },
-    ),
-    "qwen3-8b": RandomPreset(
-        "qwen3",
-        _QWEN3_COMMON
-        | {
-            "vocab_size": 151936,
-            "hidden_size": 4096,
-            "intermediate_size": 12288,
-            "num_hidden_layers": 36,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 8,
-            "head_dim": 128,
-        },
-    ),
-    "qwen3-32b": RandomPreset(
-        "qwen3",
-        _QWEN3_COMMON
-        | {
-            "vocab_size": 151936,
-            "hidden_size": 5120,
-            "intermediate_size": 25600,
-            "num_hidden_layers": 64,
-            "num_attention_heads": 64,
-            "num_key_value_heads": 8,
-            "head_dim": 128,
-        },
-    ),
-    # Qwen3.5-27B-class hybrid: 3 Gated-DeltaNet (linear attention) layers per full-attention
-    # layer, transformers' `qwen3_5_text` model type.
-    "qwen3.5-27b": RandomPreset(
-        "qwen3_5_text",
-        {
-            "vocab_size": 248320,
-            "hidden_size": 5120,
-            "intermediate_size": 17408,
-            "num_hidden_layers": 64,
-            "num_attention_heads": 24,
-            "num_key_value_heads": 4,
-            "head_dim": 256,
-            "linear_conv_kernel_dim": 4,
-            "linear_key_head_dim": 128,
-            "linear_value_head_dim": 128,
-            "linear_num_key_heads": 16,
-            "linear_num_value_heads": 48,
-            "full_attention_interval": 4,
-            "hidden_act": "silu",
-            "rms_norm_eps": 1e-6,
-            "max_position_embeddings": 262144,
-            "tie_word_embeddings": False,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 10_000_000.0,
-                "partial_rotary_factor": 0.25,
-            },
-        },
-    ),
-}
 
 
 @dataclass(frozen=True)
@@ -293,18 +190,6 @@ class Target:
         return self.embed_tokens.weight.device
 
 
-def _build_random(preset: RandomPreset, device: torch.device, dtype: torch.dtype) -> nn.Module:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.for_model(preset.model_type, **preset.config)
-    # Built directly on the device in the target dtype: a 32B model never visits host memory
-    # and HF's init runs as GPU kernels.
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return model
-
-
 def load_tokenizer(resolved: ResolvedTarget) -> Any:
     from transformers import AutoTokenizer
 
@@ -322,7 +207,7 @@ def load_target(spec: str, device: str | torch.device, dtype: torch.dtype) -> Ta
     device = torch.device(device)
     if resolved.kind == "random":
         assert resolved.preset is not None
-        model = _build_random(RANDOM_PRESETS[resolved.preset], device, dtype)
+        model = build_random_model(RANDOM_PRESETS[resolved.preset], device, dtype)
     else:
         path = ensure_smollm2_converted(resolved) if resolved.kind == "smollm2" else resolved.path
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)

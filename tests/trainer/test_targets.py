@@ -14,8 +14,8 @@ import torch
 from filelock import FileLock
 
 from dflash_train import targets
+from dflash_train.target_presets import RANDOM_PRESETS, build_random_model
 from dflash_train.targets import (
-    RANDOM_PRESETS,
     Target,
     extract_context,
     resolve_target,
@@ -102,7 +102,7 @@ def test_layer_ids() -> None:
 @pytest.mark.parametrize("name", ["qwen3-8b", "qwen3-32b", "qwen3.5-27b"])
 def test_big_presets_have_their_real_size(name: str) -> None:
     # Built on the meta device: shapes only, no memory, no init cost.
-    model = targets._build_random(RANDOM_PRESETS[name], torch.device("meta"), torch.bfloat16)
+    model = build_random_model(RANDOM_PRESETS[name], torch.device("meta"), torch.bfloat16)
     billions = sum(p.numel() for p in model.parameters()) / 1e9
     expected = {"qwen3-8b": 8.19, "qwen3-32b": 32.76, "qwen3.5-27b": 26.9}[name]
     assert abs(billions - expected) < 0.1
