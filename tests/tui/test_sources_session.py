@@ -23,6 +23,7 @@ from dflash_tui.sources.session import (
     Session,
     trainer_prefix,
 )
+from dflash_tui.sources.state import RunState
 from dflash_tui.sources.transport import LocalTransport
 from tests.tui.conftest import write_steps
 
@@ -224,3 +225,30 @@ async def test_failed_commands_become_error_replies(tmp_path: Path) -> None:
     reply = await slow.status()
     assert not reply.ok and reply.error_code == "timeout"
     assert "may still be running" in (reply.error or "")
+
+
+async def test_follow_gpus_feeds_box_readings_apart_from_the_run(tmp_path: Path) -> None:
+    gpu_lines: list[StatusLine] = []
+    run_lines: list[StatusLine] = []
+    session = Session(
+        LocalTransport(),
+        run_dir=str(tmp_path),
+        python=TRAINER_PYTHON,
+        read_only=True,
+        on_line=run_lines.append,
+        on_gpu_line=gpu_lines.append,
+    )
+    with pytest.raises(InputError, match="interval: 0 must be above 0"):
+        await session.follow_gpus(interval=0)
+    task = asyncio.create_task(session.follow_gpus(interval=0.1))
+    await wait_for(lambda: len(gpu_lines) >= 3)
+    await stop(task)
+    assert not run_lines
+    assert all(ln.kind == "gpu" and ln.run == "gpus" for ln in gpu_lines)
+    assert [ln.seq for ln in gpu_lines[:3]] == [0, 1, 2]
+    state = RunState()
+    for ln in gpu_lines:
+        state.apply(ln)
+    assert state.run_id is None  # box telemetry is not a run
+    # No NVML on this machine: the reason is shown instead of a table.
+    assert gpu_lines[-1]["available"] is False and state.gpu_unavailable

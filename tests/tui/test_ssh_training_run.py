@@ -78,6 +78,9 @@ async def test_real_run_over_openssh(
         assert state.run_state == "running" and state.run_id is not None
         assert state.total_steps is not None and state.epochs is not None
         assert state.latest("loss") is not None and state.settings["hs_min_ready"] == 2
+        status = await session.status()
+        assert status.ok and status.data["state"] == "running", status
+        assert status.data["run_id"] == state.run_id
 
         reply = await session.set_setting("hs_min_ready", "3")
         assert reply.ok, reply
