@@ -307,6 +307,21 @@ class OpenSshServer:
                         todo.append(child)
         return found
 
+    def freeze_connections(self) -> list[int]:
+        """Stop (SIGSTOP) the per-connection sshd processes: the TCP connection stays up
+        but nothing answers, as on a dead network. Returns the pids for thaw()."""
+        pids = self._session_pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        return pids
+
+    def thaw_and_kill(self, pids: list[int]) -> None:
+        for sig in (signal.SIGKILL, signal.SIGCONT):
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+
     def drop_connections(self) -> int:
         """Kill the per-connection sshd processes: clients see the TCP connection die."""
         pids = self._session_pids()

@@ -84,6 +84,7 @@ def transport_to(
     *,
     exec_prefix: tuple[str, ...] = PCT_PREFIX,
     jump: str | None = None,
+    keepalive_interval: float = 2,
 ) -> SshTransport:
     return SshTransport(
         LOOPBACK,
@@ -94,7 +95,7 @@ def transport_to(
         known_hosts=known_hosts,
         config_path=None,
         client_keys=[key.private_path],
-        keepalive_interval=2,
+        keepalive_interval=keepalive_interval,
         connect_timeout=5,
     )
 

@@ -11,9 +11,17 @@ from pathlib import Path
 import pytest
 
 from dflash_tui.sources.session import InputError, ReadOnlyError, Session
-from dflash_tui.sources.transport import SshTransport
-from tests.sshd import InProcessServer, OpenSshServer
-from tests.tui.conftest import PCT_PREFIX, Watcher, start_stream_writer, wait_for
+from dflash_tui.sources.transport import HostKeyUnknown, SshTransport
+from tests.sshd import ClientKey, InProcessServer, OpenSshServer
+from tests.tui.conftest import (
+    PCT_PREFIX,
+    Watcher,
+    server_key,
+    start_stream_writer,
+    transport_to,
+    trusted_known_hosts,
+    wait_for,
+)
 
 Server = InProcessServer | OpenSshServer
 
@@ -131,3 +139,48 @@ async def test_injection_in_every_field_is_inert_or_refused(
     assert not reply.ok and reply.error_code == "no_reply"
     assert not canary.exists()
     await ssh_transport.close()
+
+
+async def test_unknown_host_key_fails_the_follow_and_sends_nothing(
+    ssh_server: Server, client_key: ClientKey, tmp_path: Path
+) -> None:
+    transport = transport_to(ssh_server.port, client_key, tmp_path / "known_hosts")
+    watcher = Watcher()
+    session = watcher.session(transport, tmp_path, read_only=False)
+    before = ssh_server.received()
+    await asyncio.wait_for(session.follow(), 30)
+    failed = watcher.states[-1]
+    assert failed.status == "failed" and isinstance(failed.error, HostKeyUnknown)
+    assert failed.error.fingerprint in (failed.reason or "")
+    reply = await session.set_setting("hs_min_ready", "3")
+    assert not reply.ok and reply.error_code == "host_key_unknown"
+    assert ssh_server.received() == before
+
+
+async def test_a_silent_network_is_noticed_by_keepalive(
+    openssh_server: OpenSshServer, client_key: ClientKey, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    writer = start_stream_writer(run_dir, "frozen", 300, 0.02)
+    known = trusted_known_hosts(
+        tmp_path / "known_hosts", openssh_server.port, server_key(openssh_server)
+    )
+    transport = transport_to(openssh_server.port, client_key, known, keepalive_interval=1)
+    watcher = Watcher()
+    session = watcher.session(transport, run_dir, read_only=True, history_points=0)
+    follow = asyncio.create_task(session.follow())
+    frozen: list[int] = []
+    try:
+        await wait_for(lambda: len(watcher.lines) > 20, what="lines flowing")
+        # The server stops answering but the TCP connection stays open: no error, no EOF.
+        frozen = openssh_server.freeze_connections()
+        assert frozen
+        await wait_for(lambda: watcher.reconnects() >= 1, 20, "keepalive noticing")
+        await wait_for(lambda: len(watcher.lines) >= 300, 30, "every line")
+    finally:
+        follow.cancel()
+        openssh_server.thaw_and_kill(frozen)
+        writer.kill()
+        writer.wait()
+    assert watcher.live_seqs() == list(range(300))
+    await transport.close()
