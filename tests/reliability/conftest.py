@@ -57,7 +57,10 @@ def _start_agent(directory: Path, key: ClientKey) -> tuple[int, str]:
 
     encrypted = directory / "id_ed25519_encrypted"
     asyncssh.read_private_key(str(key.private_path)).write_private_key(
-        str(encrypted), passphrase=PASSPHRASE
+        # PKCS#8: encrypted with `cryptography` (the OpenSSH format would need bcrypt).
+        str(encrypted),
+        format_name="pkcs8-pem",
+        passphrase=PASSPHRASE,
     )
     sock = str(directory / "agent.sock")
     proc = subprocess.run(
