@@ -29,7 +29,10 @@ _NUMBER = rb"(null|-?[0-9][-+.eE0-9]*)"
 # lr follows its schedule: the bucket's first and last values are enough.
 _STEP_VALUES = ("loss", "acc", "tau", "grad_norm", "ktok_s")
 _QUEUE_VALUES = ("hs_ready", "producer_wait", "consumer_wait", "starved")
-_GPU_VALUES = ("util", "mem_used", "power_w", "temp_c")
+# Per GPU, the console plots utilisation and memory; power and temperature show the
+# bucket's first and last readings.
+_GPU_VALUES = ("util", "mem_used")
+_GPU_INDEX = re.compile(rb'"index":([0-9]+)')
 # How many whole lines of each kind the summary keeps (the newest ones).
 WHOLE_CAPS: dict[str, int] = {
     "run_start": 50,
@@ -74,46 +77,43 @@ class _Scanner:
         if not shape or shape != self._shape(lines[-1]) or len(found) != len(shape) * len(lines):
             return _decoded_columns(lines, self.readings)
         values = _numbers(found)
-        keys = self._keys(shape, values[: len(shape)])
-        if keys is None:
-            return _decoded_columns(lines, self.readings)
         width = len(shape)
-        cols: Columns = {}
-        for i, key in enumerate(keys):
-            column = values[i::width]
-            if key is not None:
-                cols[key] = column
-            elif column.count(column[0]) != len(column):
-                # A position that names what follows (a GPU index) differs between lines.
-                return _decoded_columns(lines, self.readings)
-        return cols
+        return {(name,): values[i::width] for i, name in enumerate(shape)}
 
     def _shape(self, line: bytes) -> list[str]:
         return [name.decode() for name, _ in self.named.findall(line)]
 
-    def _keys(self, shape: list[str], first: list[float | None]) -> list[Key | None] | None:
-        return [(name,) for name in shape]
-
 
 class _GpuScanner(_Scanner):
-    """Per-GPU values: each reading is `index` followed by its fields; the k-th GPU's
-    values sit at fixed positions of every line when all lines list the same GPUs."""
+    """Per-GPU values. A gpu line lists the same GPUs in index order every time (it comes
+    from sample_gpus), so the k-th GPU's values sit at fixed positions of every line;
+    checked on the batch's first and last line and by counting readings."""
 
     def __init__(self) -> None:
-        super().__init__(("index", *_GPU_VALUES), _gpu_readings)
+        super().__init__(_GPU_VALUES, _gpu_readings)
 
-    def _keys(self, shape: list[str], first: list[float | None]) -> list[Key | None] | None:
-        keys: list[Key | None] = []
-        index: int | None = None
-        for name, value in zip(shape, first, strict=True):
-            if name == "index":
-                index = None if value is None else int(value)
-                keys.append(None)
-            elif index is None:
-                return None
-            else:
-                keys.append(("gpus", index, name))
-        return keys
+    def columns(self, lines: list[bytes]) -> Columns:
+        indexes = _GPU_INDEX.findall(lines[0])
+        joined = b"\n".join(lines)
+        per_line = len(indexes)
+        if (
+            not indexes
+            or indexes != _GPU_INDEX.findall(lines[-1])
+            or joined.count(b'"index":') != per_line * len(lines)
+            or self._shape(lines[0]) != list(_GPU_VALUES) * per_line
+        ):
+            return _decoded_columns(lines, self.readings)
+        found = self.values.findall(joined)
+        width = len(_GPU_VALUES) * per_line
+        if len(found) != width * len(lines):
+            return _decoded_columns(lines, self.readings)
+        values = _numbers(found)
+        cols: Columns = {}
+        for reading, index in enumerate(indexes):
+            for offset, name in enumerate(_GPU_VALUES):
+                start = reading * len(_GPU_VALUES) + offset
+                cols[("gpus", int(index), name)] = values[start::width]
+        return cols
 
 
 def _gpu_readings(obj: dict[str, Any]) -> dict[Key, Any]:
@@ -217,12 +217,16 @@ class SeriesDecimator:
         self._seqs: list[int] = []
         self._lines: list[bytes] = []
 
-    def add(self, seq: int, line: bytes) -> None:
-        self.count += 1
-        self._seqs.append(seq)
-        self._lines.append(line)
-        if len(self._lines) >= self.width:
-            self._flush()
+    def extend(self, seqs: list[int], lines: list[bytes]) -> None:
+        self.count += len(lines)
+        done = 0
+        while done < len(lines):
+            take = self.width - len(self._lines)
+            self._seqs.extend(seqs[done : done + take])
+            self._lines.extend(lines[done : done + take])
+            done += take
+            if len(self._lines) >= self.width:
+                self._flush()
 
     def _flush(self) -> None:
         if not self._lines:
@@ -279,6 +283,7 @@ class HistorySummary:
         self.whole: dict[str, deque[tuple[int, bytes]]] = {
             kind: deque(maxlen=cap) for kind, cap in WHOLE_CAPS.items()
         }
+        self._whole_raw = {kind.encode(): kept for kind, kept in self.whole.items()}
         self.lines_in = 0
         self.run: str | None = None
         self._run_raw: bytes | None = None
@@ -287,9 +292,13 @@ class HistorySummary:
     def add_block(self, block: bytes, after_seq: int) -> None:
         """Take a block of complete lines (newline-separated); lines with seq at or below
         `after_seq` and lines that are not status lines are left out. This loop runs once
-        per line of a possibly huge stream, so it stays flat."""
+        per line of a possibly huge stream, so it stays flat: kinds are compared as raw
+        bytes and series lines are handed over once per block."""
         match = ENVELOPE_PREFIX.match
-        series, whole = self.series, self.whole
+        pending: dict[bytes, tuple[list[int], list[bytes]]] = {
+            kind.encode(): ([], []) for kind in self.series
+        }
+        whole = self._whole_raw
         for line in block.split(b"\n"):
             found = match(line)
             if found is None:
@@ -299,18 +308,27 @@ class HistorySummary:
             if seq <= after_seq:
                 continue
             if raw_run != self._run_raw:
+                self._hand_over(pending)
                 self._switch_run(raw_run)
-                series, whole = self.series, self.whole
+                whole = self._whole_raw
             self.lines_in += 1
             self.last_seq = seq
-            kind = decoded(raw_kind)
-            decimator = series.get(kind)
-            if decimator is not None:
-                decimator.add(seq, line)
+            series = pending.get(raw_kind)
+            if series is not None:
+                series[0].append(seq)
+                series[1].append(line)
                 continue
-            kept = whole.get(kind)
+            kept = whole.get(raw_kind)
             if kept is not None:
                 kept.append((seq, line))
+        self._hand_over(pending)
+
+    def _hand_over(self, pending: dict[bytes, tuple[list[int], list[bytes]]]) -> None:
+        for raw_kind, (seqs, lines) in pending.items():
+            if lines:
+                self.series[raw_kind.decode()].extend(seqs, lines)
+                seqs.clear()
+                lines.clear()
 
     def _switch_run(self, raw_run: bytes) -> None:
         if self._run_raw is not None:
