@@ -14,6 +14,7 @@ from typing import Literal
 from dflash_train import protocol
 from dflash_train.protocol import Rejected, Reply, StatusLine
 from dflash_tui.sources.backoff import Backoff
+from dflash_tui.sources.line_stream import StreamEnd
 from dflash_tui.sources.transport import CommandTimeout, HostKeyUnknown, Transport, TransportError
 
 DEFAULT_TRAINER = "dflash-train"
@@ -130,6 +131,7 @@ class Session:
         self._cursor: tuple[str | None, int] = (None, -1)
         self.duplicates_dropped = 0
         self.connection = ConnectionState.connecting()
+        self._stream_error: str | None = None
 
     @property
     def read_only(self) -> bool:
@@ -159,11 +161,20 @@ class Session:
             argv += ["--history", str(self.history_points)]
         return argv
 
+    def _reject(self, raw: bytes, rejected: Rejected) -> None:
+        # A command that cannot stream (no such run dir) says why in a JSON reply: that is
+        # the reason to show, not a malformed status line.
+        reply = protocol.decode_reply(raw)
+        if isinstance(reply, Reply) and not reply.ok:
+            self._stream_error = reply.error
+        else:
+            self._on_reject(rejected)
+
     def _deliver(self, raw: bytes) -> bool:
         """Pass one line on; True when it was a status line (the stream is healthy)."""
         decoded = protocol.decode_line(raw)
         if isinstance(decoded, Rejected):
-            self._on_reject(decoded)
+            self._reject(raw, decoded)
             return False
         run, seq = self._cursor
         if decoded.run == run and decoded.seq <= seq:
@@ -180,7 +191,7 @@ class Session:
     def _deliver_gpu(self, raw: bytes) -> bool:
         decoded = protocol.decode_line(raw)
         if isinstance(decoded, Rejected):
-            self._on_reject(decoded)
+            self._reject(raw, decoded)
             return False
         self._on_gpu_line(decoded)
         return True
@@ -206,6 +217,7 @@ class Session:
         attempt = 0
         self._report(ConnectionState.connecting())
         while True:
+            self._stream_error = None
             try:
                 async with self.transport.stream(make_argv()) as lines:
                     self._report(ConnectionState.connected())
@@ -214,13 +226,7 @@ class Session:
                         # that fails at once (a missing run dir) keeps growing it.
                         if deliver(raw):
                             attempt = 0
-                    end = lines.end
-                    reason = "stream ended"
-                    if end is not None:
-                        tail = _tail_text(end.stderr_tail)
-                        reason = f"stream ended (exit {end.returncode})" + (
-                            f": {tail}" if tail else ""
-                        )
+                    reason = self._end_reason(lines.end)
             except TransportError as exc:
                 if not exc.retryable:
                     self._report(ConnectionState.failed(str(exc), exc))
@@ -235,6 +241,12 @@ class Session:
             delay = self.backoff.delay(attempt)
             self._report(ConnectionState.reconnecting(attempt, delay, reason))
             await asyncio.sleep(delay)
+
+    def _end_reason(self, end: StreamEnd | None) -> str:
+        if end is None:
+            return "stream ended"
+        why = self._stream_error or _tail_text(end.stderr_tail)
+        return f"stream ended (exit {end.returncode})" + (f": {why}" if why else "")
 
     # -----------------------------------------------------------------------------------
     # Control
@@ -277,10 +289,12 @@ class Session:
     def _start_timeout(self) -> float:
         return self.launch_wait + self.control_timeout
 
-    async def launch(self, train_args: Sequence[str], *, env: Mapping[str, str] = {}) -> Reply:
+    async def launch(
+        self, train_args: Sequence[str], *, env: Mapping[str, str] | None = None
+    ) -> Reply:
         self._require_control("launch")
         args = [check_inert(f"launch argument {i + 1}", a) for i, a in enumerate(train_args)]
-        argv = ["launch", self.run_dir, *self._start_options(env), "--", *args]
+        argv = ["launch", self.run_dir, *self._start_options(env or {}), "--", *args]
         return await self._call("launch", argv, self._start_timeout)
 
     async def stop(self, timeout: float = 60) -> Reply:
@@ -294,28 +308,28 @@ class Session:
         self,
         *,
         fresh: bool = False,
-        overrides: Mapping[str, str] = {},
-        settings: Mapping[str, str | int] = {},
-        env: Mapping[str, str] = {},
+        overrides: Mapping[str, str] | None = None,
+        settings: Mapping[str, str | int] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> Reply:
         """Stop, then start again from the newest checkpoint (or from scratch with
         `fresh`). `overrides` replace recorded train options (`{"lr": "1e-4"}`),
         `settings` are live settings for the new start."""
         self._require_control("restart")
         extra: list[str] = []
-        for key, value in overrides.items():
+        for key, value in (overrides or {}).items():
             if not _OPTION_NAME.fullmatch(key):
                 raise InputError(f"restart override {key!r}: not an option name")
             extra += [f"--{key.replace('_', '-')}", check_inert(f"restart override {key}", value)]
         argv = ["restart", self.run_dir, *(["--fresh"] if fresh else [])]
-        for key, raw in settings.items():
+        for key, raw in (settings or {}).items():
             check_inert("setting name", key)
             try:
                 number = protocol.parse_setting_value(key, raw)
             except protocol.SettingError as exc:
                 raise InputError(str(exc)) from None
             argv += ["--set", f"{key}={number}"]
-        argv += self._start_options(env)
+        argv += self._start_options(env or {})
         if extra:
             argv += ["--", *extra]
         return await self._call("restart", argv, self._start_timeout + self.control_timeout)

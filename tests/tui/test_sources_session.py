@@ -147,9 +147,11 @@ async def test_follow_gives_up_after_max_attempts(tmp_path: Path) -> None:
     session = rec.session(LocalTransport(), tmp_path / "absent", max_attempts=2)
     await asyncio.wait_for(session.follow(), 60)
     assert rec.states[-1].status == "failed"
-    assert "gave up after 2 retries" in (rec.states[-1].reason or "")
-    # tail answered with a JSON error reply: not a status line, so counted as rejected.
-    assert rec.rejected and not rec.lines
+    reason = rec.states[-1].reason or ""
+    assert "gave up after 2 retries" in reason
+    # tail answered with a JSON error reply: its message is the reason, not a bad line.
+    assert "run_dir:" in reason and "is not a directory" in reason
+    assert not rec.rejected and not rec.lines
 
 
 async def test_read_only_session_refuses_before_anything_runs(tmp_path: Path) -> None:
