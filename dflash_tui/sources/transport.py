@@ -205,6 +205,23 @@ def _split_jump(jump: str) -> tuple[str | None, str, int | None]:
     return (user or None, host, int(port) if port else None)
 
 
+# What OpenSSH (9.6+, CVE-2023-51385) refuses in a host or user name: a ProxyCommand or
+# `Match exec` in ~/.ssh/config that expands %h or %r runs it through a shell.
+_SHELL_METACHARACTERS = frozenset("'`\"$\\;&<>|(){}")
+
+
+def check_destination(field: str, value: str) -> None:
+    """Raise ValueError naming `field` when `value` could inject into an ssh_config shell
+    expansion or be read as an option."""
+    if not value:
+        raise ValueError(f"{field}: empty")
+    if value.startswith("-"):
+        raise ValueError(f"{field}: {value!r} starts with '-'")
+    for char in value:
+        if char in _SHELL_METACHARACTERS or char.isspace() or not char.isprintable():
+            raise ValueError(f"{field}: {value!r} contains {char!r}")
+
+
 class SshTransport:
     """Runs commands on a box over one asyncssh connection, opened lazily and reopened
     lazily after a drop. Host keys are always checked against known_hosts."""
@@ -225,6 +242,11 @@ class SshTransport:
     ) -> None:
         if known_hosts is None:
             raise ValueError("known_hosts: None would switch host-key checking off; give a path")
+        check_destination("host", host)
+        if username is not None:
+            check_destination("user", username)
+        if jump is not None:
+            check_destination("jump", jump)
         self.host = host
         self.port = port
         self.username = username
