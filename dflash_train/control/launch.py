@@ -157,7 +157,9 @@ def _verify(run_dir: RunDir, started: Started, wait_s: float) -> protocol.Reply:
     proc = started.proc
     while True:
         code = proc.poll()
-        facts = find_lines(run_dir.status, started.run_id, after_seq=started.baseline_seq)
+        facts = find_lines(
+            run_dir.status, started.run_id, after_seq=started.baseline_seq, max_bytes=1 << 18
+        )
         held = lock_is_held(run_dir.lock)
         common = {
             "run_id": started.run_id,
