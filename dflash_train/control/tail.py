@@ -178,11 +178,17 @@ class StreamFollower:
             if not self._open():
                 return
         elif self._replaced():
+            # The old file may have grown before it was rotated away (a run's last lines,
+            # then a new run's first): finish it, then start on the new one.
+            yield from self._accepted(self._blocks())
             self._close()
             self._new_stream(None)
             if not self._open():
                 return
-        for block in self._blocks():
+        yield from self._accepted(self._blocks())
+
+    def _accepted(self, blocks: Iterator[bytes]) -> Iterator[bytes]:
+        for block in blocks:
             for line in block.split(b"\n"):
                 if self._accept(line):
                     yield line

@@ -78,11 +78,18 @@ def test_follower_starts_over_for_a_new_run_and_a_replaced_file(tmp_path: Path) 
     write_stream(rundir.status, "run-a", _steps(5))
     follower = StreamFollower(rundir.status, from_seq=2, run="run-a")
     assert [read_envelope(x).seq for x in follower.poll()] == [3, 4]  # type: ignore[union-attr]
-    # A new run id in the same directory: the writer rotates the old stream away.
+    # The old run's last line, then a new run id in the same directory (the writer
+    # rotates the old stream away), both before the follower looks again.
+    write_stream(rundir.status, "run-a", [("run_end", {"reason": "signal", "exit_code": 0})])
     write_stream(rundir.status, "run-b", _steps(3))
     assert (tmp_path / "status.run-a.jsonl").exists()
     got = [read_envelope(x) for x in follower.poll()]
-    assert [(e.run, e.seq) for e in got] == [("run-b", 0), ("run-b", 1), ("run-b", 2)]  # type: ignore[union-attr]
+    assert [(e.run, e.seq, e.kind) for e in got] == [  # type: ignore[union-attr]
+        ("run-a", 5, "run_end"),
+        ("run-b", 0, "step"),
+        ("run-b", 1, "step"),
+        ("run-b", 2, "step"),
+    ]
     assert follower.resets == 1
     # Truncated in place and rewritten (same inode, smaller): also a new stream.
     rundir.status.write_bytes(b"")
