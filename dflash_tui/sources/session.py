@@ -131,7 +131,6 @@ class Session:
         self._cursor: tuple[str | None, int] = (None, -1)
         self.duplicates_dropped = 0
         self.connection = ConnectionState.connecting()
-        self._stream_error: str | None = None
 
     @property
     def read_only(self) -> bool:
@@ -161,40 +160,17 @@ class Session:
             argv += ["--history", str(self.history_points)]
         return argv
 
-    def _reject(self, raw: bytes, rejected: Rejected) -> None:
-        # A command that cannot stream (no such run dir) says why in a JSON reply: that is
-        # the reason to show, not a malformed status line.
-        reply = protocol.decode_reply(raw)
-        if isinstance(reply, Reply) and not reply.ok:
-            self._stream_error = reply.error
-        else:
-            self._on_reject(rejected)
-
-    def _deliver(self, raw: bytes) -> bool:
-        """Pass one line on; True when it was a status line (the stream is healthy)."""
-        decoded = protocol.decode_line(raw)
-        if isinstance(decoded, Rejected):
-            self._reject(raw, decoded)
-            return False
+    def _deliver(self, line: StatusLine) -> None:
         run, seq = self._cursor
-        if decoded.run == run and decoded.seq <= seq:
+        if line.run == run and line.seq <= seq:
             # The end-of-history marker repeats the seq of the summary's last line.
-            if decoded.kind == "event" and decoded.get("code") == "history_end":
-                self._on_line(decoded)
+            if line.kind == "event" and line.get("code") == "history_end":
+                self._on_line(line)
             else:
                 self.duplicates_dropped += 1
-            return True
-        self._cursor = (decoded.run, decoded.seq)
-        self._on_line(decoded)
-        return True
-
-    def _deliver_gpu(self, raw: bytes) -> bool:
-        decoded = protocol.decode_line(raw)
-        if isinstance(decoded, Rejected):
-            self._reject(raw, decoded)
-            return False
-        self._on_gpu_line(decoded)
-        return True
+            return
+        self._cursor = (line.run, line.seq)
+        self._on_line(line)
 
     def _report(self, state: ConnectionState) -> None:
         self.connection = state
@@ -209,24 +185,34 @@ class Session:
         if not interval > 0:
             raise InputError(f"interval: {interval} must be above 0 seconds")
         argv = [*self.trainer, "gpus", "--follow", "--interval", f"{interval:g}"]
-        await self._keep_streaming(lambda: argv, self._deliver_gpu)
+        await self._keep_streaming(lambda: argv, self._on_gpu_line)
 
     async def _keep_streaming(
-        self, make_argv: Callable[[], list[str]], deliver: Callable[[bytes], bool]
+        self, make_argv: Callable[[], list[str]], deliver: Callable[[StatusLine], None]
     ) -> None:
         attempt = 0
         self._report(ConnectionState.connecting())
         while True:
-            self._stream_error = None
             try:
                 async with self.transport.stream(make_argv()) as lines:
                     self._report(ConnectionState.connected())
+                    refusal = None
                     async for raw in lines:
-                        # A stream that delivers status lines resets the backoff; one
-                        # that fails at once (a missing run dir) keeps growing it.
-                        if deliver(raw):
+                        decoded = protocol.decode_line(raw)
+                        if isinstance(decoded, StatusLine):
+                            deliver(decoded)
+                            # A stream that delivers resets the backoff; one that fails at
+                            # once (a missing run dir) keeps growing it.
                             attempt = 0
-                    reason = self._end_reason(lines.end)
+                            continue
+                        # A command that cannot stream says why in a JSON reply: that is
+                        # the reason to show, not a malformed status line.
+                        reply = protocol.decode_reply(raw)
+                        if isinstance(reply, Reply) and not reply.ok:
+                            refusal = reply.error
+                        else:
+                            self._on_reject(decoded)
+                    reason = _end_reason(lines.end, refusal)
             except TransportError as exc:
                 if not exc.retryable:
                     self._report(ConnectionState.failed(str(exc), exc))
@@ -241,12 +227,6 @@ class Session:
             delay = self.backoff.delay(attempt)
             self._report(ConnectionState.reconnecting(attempt, delay, reason))
             await asyncio.sleep(delay)
-
-    def _end_reason(self, end: StreamEnd | None) -> str:
-        if end is None:
-            return "stream ended"
-        why = self._stream_error or _tail_text(end.stderr_tail)
-        return f"stream ended (exit {end.returncode})" + (f": {why}" if why else "")
 
     # -----------------------------------------------------------------------------------
     # Control
@@ -350,6 +330,13 @@ class Session:
 
     async def status(self) -> Reply:
         return await self._call("status", ["status", self.run_dir], self.control_timeout)
+
+
+def _end_reason(end: StreamEnd | None, refusal: str | None) -> str:
+    if end is None:
+        return "stream ended"
+    why = refusal or _tail_text(end.stderr_tail)
+    return f"stream ended (exit {end.returncode})" + (f": {why}" if why else "")
 
 
 def _tail_text(data: bytes, lines: int = ERROR_TAIL_LINES) -> str:
