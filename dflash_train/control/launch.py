@@ -41,7 +41,7 @@ class ControlBusy(RuntimeError):
 
 @contextlib.contextmanager
 def control_guard(run_dir: RunDir) -> Iterator[None]:
-    """One launch or restart at a time per run dir: an flock on the directory itself, so
+    """One launch, restart or set at a time per run dir: an flock on the directory itself, so
     two racing launches cannot both pass the run-lock check before the trainer takes it."""
     run_dir.root.mkdir(parents=True, exist_ok=True)
     fd = os.open(run_dir.root, os.O_RDONLY)
@@ -50,7 +50,7 @@ def control_guard(run_dir: RunDir) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise ControlBusy(
-                f"run_dir: another launch or restart of {run_dir.root} is in progress"
+                f"run_dir: another launch, restart or set on {run_dir.root} is in progress"
             ) from None
         yield
     finally:
