@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import subprocess
 import sys
 import threading
 import traceback
@@ -60,35 +61,44 @@ def _resolve_run_id(args: argparse.Namespace) -> str:
 def train(args: argparse.Namespace) -> int:
     stop = StopFlag()
     _install_signal_handlers(stop)
-    drafter_devices = args.drafter_gpus or _default_devices()
     rank = rank_from_env()
-    children = []
-    if rank is None and len(drafter_devices) > 1:
-        children = spawn_other_ranks(_train_argv(), len(drafter_devices))
-        rank = rank_from_env()
-    rank = rank or RankInfo(0, 1, 0)
     run_dir = RunDir.at(args.output_dir)
     lock = RunLock(run_dir.lock)
-    if rank.is_main:
+    if rank is None or rank.is_main:
         try:
             lock.acquire()
         except LockHeld:
             print(
                 f"dflash-train train: {run_dir.lock} is held: a trainer is running", file=sys.stderr
             )
-            for child in children:
-                child.terminate()
             return EXIT_LOCK_HELD
+    children: list[subprocess.Popen[bytes]] = []
+    drafter_devices = args.drafter_gpus or _default_devices()
+    if rank is None and len(drafter_devices) > 1:
+        # Started plainly with several drafter devices: this process becomes rank 0.
+        children = spawn_other_ranks(_train_argv(), len(drafter_devices))
+        rank = rank_from_env()
+    rank = rank or RankInfo(0, 1, 0)
     run_id = _resolve_run_id(args)
     writer = StatusWriter(run_dir.status, run_id) if rank.is_main else None
     try:
         return _run_and_report(args, run_dir, run_id, writer, rank, stop)
     finally:
-        for child in children:
-            child.wait()
+        _reap(children)
         if writer is not None:
             writer.close()
         lock.release()
+
+
+def _reap(children: list[subprocess.Popen[bytes]], timeout: float = 120.0) -> None:
+    """The other ranks end at the same step as this one; one that hangs is killed."""
+    for child in children:
+        try:
+            child.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            print(f"rank process {child.pid} did not exit; killing it", file=sys.stderr)
+            child.kill()
+            child.wait()
 
 
 def _default_devices() -> list[str]:
