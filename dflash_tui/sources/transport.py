@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import asyncssh
 
 from dflash_tui.sources import known_hosts as trust
+from dflash_tui.sources.destination import check_destination, split_jump
 from dflash_tui.sources.line_stream import LineStream, StreamEnd, drain_tail, last_bytes
 
 # How long a stream's command gets to exit after we close its input/channel.
@@ -196,32 +197,6 @@ async def _stop_local(proc: asyncio.subprocess.Process) -> None:
 SSH_ERRORS = (asyncssh.Error, OSError, EOFError)
 
 
-def _split_jump(jump: str) -> tuple[str | None, str, int | None]:
-    """ "user@host:port" -> (user, host, port); user and port optional."""
-    user, _, hostport = jump.rpartition("@")
-    host, sep, port = hostport.rpartition(":")
-    if not sep or not port.isdigit():
-        host, port = hostport, ""
-    return (user or None, host, int(port) if port else None)
-
-
-# What OpenSSH (9.6+, CVE-2023-51385) refuses in a host or user name: a ProxyCommand or
-# `Match exec` in ~/.ssh/config that expands %h or %r runs it through a shell.
-_SHELL_METACHARACTERS = frozenset("'`\"$\\;&<>|(){}")
-
-
-def check_destination(field: str, value: str) -> None:
-    """Raise ValueError naming `field` when `value` could inject into an ssh_config shell
-    expansion or be read as an option."""
-    if not value:
-        raise ValueError(f"{field}: empty")
-    if value.startswith("-"):
-        raise ValueError(f"{field}: {value!r} starts with '-'")
-    for char in value:
-        if char in _SHELL_METACHARACTERS or char.isspace() or not char.isprintable():
-            raise ValueError(f"{field}: {value!r} contains {char!r}")
-
-
 class SshTransport:
     """Runs commands on a box over one asyncssh connection, opened lazily and reopened
     lazily after a drop. Host keys are always checked against known_hosts."""
@@ -294,7 +269,7 @@ class SshTransport:
             self._drop()
             tunnel = None
             if self.jump is not None:
-                user, host, port = _split_jump(self.jump)
+                user, host, port = split_jump(self.jump)
                 tunnel = self._jump_conn = await self._connect(host, port, user, None)
             self._conn = await self._connect(self.host, self.port, self.username, tunnel)
             return self._conn, True

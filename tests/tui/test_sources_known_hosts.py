@@ -9,6 +9,7 @@ from pathlib import Path
 import asyncssh
 import pytest
 
+from dflash_tui.sources.destination import split_jump
 from dflash_tui.sources.known_hosts import (
     host_is_listed,
     host_pattern,
@@ -54,3 +55,9 @@ def test_names_that_could_reach_a_shell_are_refused(field: str, kwargs: dict[str
     # An ssh_config ProxyCommand or `Match exec` expands %h/%r through a shell.
     with pytest.raises(ValueError, match=f"^{field}: "):
         SshTransport(**kwargs)  # type: ignore[arg-type]
+
+
+def test_split_jump() -> None:
+    assert split_jump("ops@bastion:2200") == ("ops", "bastion", 2200)
+    assert split_jump("bastion") == (None, "bastion", None)
+    assert split_jump("ops@[::1]") == ("ops", "[::1]", None)
