@@ -3,6 +3,7 @@ the trainer's answer, and rewrite recorded train args with overrides for a resta
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -133,11 +134,27 @@ def _answer(follower: StreamFollower, rev: int) -> protocol.StatusLine | None:
 
 
 def _current_rev(run_dir: RunDir) -> int:
+    """The highest revision the trainer may have seen. A new change must go above it or the
+    trainer ignores it, so an invalid control.json still counts with its rev, and the
+    revisions the stream answered count too (the file may be unreadable junk by now)."""
+    revs = [0]
     try:
-        decoded = protocol.decode_control(run_dir.control.read_text(encoding="utf-8"))
-    except (FileNotFoundError, UnicodeDecodeError):
-        return 0
-    return decoded.rev if isinstance(decoded, protocol.ControlFile) else 0
+        obj = json.loads(run_dir.control.read_text(encoding="utf-8"))
+    except (FileNotFoundError, UnicodeDecodeError, ValueError):
+        obj = None
+    if isinstance(obj, dict) and type(obj.get("rev")) is int:
+        revs.append(obj["rev"])
+    for raw in reversed(tail_lines(run_dir.status, 1 << 20)):
+        env = read_envelope(raw)
+        if env is None or env.kind != "event":
+            continue
+        line = protocol.decode_line(raw)
+        if isinstance(line, protocol.StatusLine) and line.get("code") in ANSWERS:
+            rev = line.get("rev")
+            if type(rev) is int:
+                revs.append(rev)
+                break
+    return max(revs)
 
 
 def set_setting(run_dir: RunDir, key: str, raw_value: str, *, wait_s: float) -> protocol.Reply:
