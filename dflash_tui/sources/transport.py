@@ -233,7 +233,7 @@ class SshTransport:
         self.keepalive_interval = keepalive_interval
         self.connect_timeout = connect_timeout
         self._conn: asyncssh.SSHClientConnection | None = None
-        self._jump_conn: asyncssh.SSHClientConnection | None = None
+        self._jump_conns: list[asyncssh.SSHClientConnection] = []
         self._lock = asyncio.Lock()
         where = f"{username + '@' if username else ''}{host}{f':{port}' if port else ''}"
         via = f" via {jump}" if jump else ""
@@ -268,11 +268,31 @@ class SshTransport:
                 return self._conn, False
             self._drop()
             tunnel = None
-            if self.jump is not None:
-                user, host, port = split_jump(self.jump)
-                tunnel = self._jump_conn = await self._connect(host, port, user, None)
+            jumps = await self._jump_hosts()
+            for hop in jumps.split(",") if jumps else []:
+                user, host, port = split_jump(hop.strip())
+                tunnel = await self._connect(host, port, user, tunnel)
+                self._jump_conns.append(tunnel)
             self._conn = await self._connect(self.host, self.port, self.username, tunnel)
             return self._conn, True
+
+    async def _jump_hosts(self) -> str | None:
+        """The jump host(s): given, or ssh_config's ProxyJump. We open those hops ourselves
+        so they are checked against the same known_hosts and refused keys name the hop."""
+        if self.jump is not None or self._config is None:
+            return self.jump
+        resolved = await asyncssh.SSHClientConnectionOptions.construct(
+            host=self.host,
+            port=self.port or (),
+            config=() if self._config is DEFAULT else [str(self._config)],
+            known_hosts=None,
+        )
+        tunnel = resolved.tunnel
+        if not isinstance(tunnel, str) or tunnel.lower() == "none":
+            return None
+        for hop in tunnel.split(","):
+            check_destination("ProxyJump", hop.strip())
+        return tunnel
 
     async def _connect(
         self,
@@ -381,15 +401,17 @@ class SshTransport:
                 self._drop()
 
     def _drop(self) -> None:
-        for conn in (self._conn, self._jump_conn):
+        for conn in [self._conn, *self._jump_conns]:
             if conn is not None:
                 conn.abort()
-        self._conn = self._jump_conn = None
+        self._conn = None
+        self._jump_conns = []
 
     async def close(self) -> None:
         async with self._lock:
-            conns = [c for c in (self._conn, self._jump_conn) if c is not None]
-            self._conn = self._jump_conn = None
+            conns = [c for c in (self._conn, *reversed(self._jump_conns)) if c is not None]
+            self._conn = None
+            self._jump_conns = []
         for conn in conns:
             conn.close()
             with contextlib.suppress(*SSH_ERRORS):

@@ -211,3 +211,33 @@ async def test_jump_host(
     assert (await transport.run(["echo", "hop"], timeout=20)).stdout == b"hop\n"
     assert inproc_server.received() == [shlex.join([*PCT_PREFIX, "echo", "hop"])]
     await transport.close()
+
+
+async def test_proxyjump_from_ssh_config_is_checked_against_our_known_hosts(
+    openssh_server: OpenSshServer,
+    inproc_server: InProcessServer,
+    client_key: ClientKey,
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host box\n  HostName {LOOPBACK}\n  Port {inproc_server.port}\n"
+        f"  ProxyJump root@{LOOPBACK}:{openssh_server.port}\n"
+        # The hop is looked up in the config too, as OpenSSH does.
+        f"Host *\n  User root\n  IdentityFile {client_key.private_path}\n"
+    )
+    known = trusted_known_hosts(
+        tmp_path / "known_hosts", inproc_server.port, server_key(inproc_server)
+    )
+    transport = SshTransport("box", exec_prefix=PCT_PREFIX, known_hosts=known, config_path=config)
+    # The hop's key is not trusted yet: the refusal names the hop, not the box.
+    with pytest.raises(HostKeyUnknown) as info:
+        await transport.connect()
+    assert info.value.port == openssh_server.port
+    assert info.value.fingerprint == server_key(openssh_server).get_fingerprint("sha256")
+    assert inproc_server.received() == []
+    assert info.value.key is not None
+    trust_host_key(info.value.host, info.value.port, info.value.key, known)
+    assert (await transport.run(["echo", "hopped"], timeout=20)).stdout == b"hopped\n"
+    assert inproc_server.received() == [shlex.join([*PCT_PREFIX, "echo", "hopped"])]
+    await transport.close()
