@@ -295,12 +295,15 @@ def prepare_dataset(config: PrepareConfig, *, target: Target | None = None) -> d
         results = run_jobs(target, jobs, config, bar.update)
     generated = time.monotonic()
     stats = token_stats(results)
+    passes = (samples + len(prompts) - 1) // len(prompts)
+    repeats_sampled = passes > 1 and config.temperature == 0
     info: dict[str, Any] = {
         "target": config.target,
         "prompts": config.prompts,
         "prompt_count": len(prompts),
-        "passes": (samples + len(prompts) - 1) // len(prompts),
-        "repeat_temperature": REPEAT_TEMPERATURE if config.temperature == 0 else None,
+        "passes": passes,
+        # Set when passes after the first sampled although greedy was asked for.
+        "repeat_temperature": REPEAT_TEMPERATURE if repeats_sampled else None,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
         "stats": stats,
         "seconds": {

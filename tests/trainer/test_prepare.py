@@ -103,6 +103,7 @@ def test_prepare_json_records_the_run(prepared_data_dir: Path) -> None:
     info = json.loads((prepared_data_dir / "prepare.json").read_text())
     assert info["target"] == "smollm2" and info["prompts"] == "builtin"
     assert info["prompt_count"] == 280 and info["passes"] == 1
+    assert info["repeat_temperature"] is None
     stats = info["stats"]
     assert stats["samples"] == 24
     assert stats["finished"] + stats["truncated"] == 24
