@@ -6,6 +6,8 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -131,3 +133,36 @@ def test_a_launch_in_progress_makes_another_wait_its_turn(tmp_path: Path, data: 
         os.close(fd)
     assert rc == 1 and reply.error_code == "busy"
     assert _untouched(run_dir)
+
+
+def test_control_commands_never_import_torch(tmp_path: Path, data: Path) -> None:
+    # The whole preflight runs (it fails only at the disk check) and the other commands
+    # answer, all without torch: over SSH they must reply in well under a second.
+    script = """
+import contextlib, io, sys
+from dflash_train.cli import main
+run_dir, data = sys.argv[1], sys.argv[2]
+commands = [
+    ["launch", run_dir, "--min-free-mb", "999999999", "--", "--target-model", "random:tiny",
+     "--data-dir", data, "--target-gpus", "cpu"],
+    ["status", run_dir], ["stop", run_dir], ["set", run_dir, "hs_min_ready", "3"],
+    ["tail", run_dir, "--history", "10"], ["gpus"], ["restart", run_dir],
+]
+for argv in commands:
+    out = io.TextIOWrapper(io.BytesIO())
+    with contextlib.redirect_stdout(out):
+        main(argv)
+    out.flush()
+    print(out.buffer.getvalue().decode().splitlines()[:1])
+print(sorted(m for m in ("torch", "transformers", "datasets") if m in sys.modules))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "run"), str(data)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    printed = done.stdout.strip().splitlines()
+    assert "disk_full" in printed[0]  # launch went through every other check
+    assert printed[-1] == "[]"
