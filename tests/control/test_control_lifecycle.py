@@ -164,6 +164,10 @@ def test_tail_history_then_live_and_across_a_restart(run_dir: Path) -> None:
         assert live.seq == cursor + 1 and live.get("history") is None
         old_pid = _record(run_dir)["pid"]
         _wait_for_steps(run_dir, 1)
+        # A bad override is refused before anything is stopped.
+        rc, reply = cli("restart", str(run_dir), "--set", "hs_min_ready=99")
+        assert rc == 1 and reply.error_code == "bad_override"
+        assert _record(run_dir)["pid"] == old_pid and lock_is_held(run_dir / "run.lock")
         rc, reply = cli(
             "restart",
             str(run_dir),
