@@ -95,6 +95,8 @@ class _GpuScanner(_Scanner):
     def columns(self, lines: list[bytes]) -> Columns:
         indexes = _GPU_INDEX.findall(lines[0])
         joined = b"\n".join(lines)
+        if not indexes and b'"index":' not in joined:
+            return {}  # no GPU readings at all (a box without NVML)
         per_line = len(indexes)
         if (
             not indexes
