@@ -1,8 +1,8 @@
-"""A real CPU training run of the real trainer with the real SmolLM2 target, driven over
-OpenSSH on loopback through the pct shim, exactly as the console drives a box: launch,
-watch steps arrive, change hs_min_ready live and see it acknowledged, lose the connection
-repeatedly mid-stream, restart from the checkpoint, stop. Nothing delivered twice, no
-line missed."""
+"""A real CPU training run of the real trainer with the real SmolLM2 target, driven over SSH
+on loopback (asyncssh server and OpenSSH sshd) through the pct shim, exactly as the console
+drives a box: launch, watch steps arrive, change hs_min_ready live and see it acknowledged,
+lose the connection repeatedly mid-stream, restart from the checkpoint, stop. Nothing is
+delivered twice and no line is missed."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from dflash_train.protocol import StatusLine, decode_line
 from dflash_train.rundir import lock_is_held
 from dflash_tui.sources.transport import SshTransport
-from tests.sshd import OpenSshServer
+from tests.sshd import InProcessServer, OpenSshServer
 from tests.tui.conftest import Watcher, wait_for
 
 TINY_TRAINER = [
@@ -55,9 +55,9 @@ def steps(watcher: Watcher) -> int:
     return sum(1 for ln in watcher.lines if ln.kind == "step" and not ln.get("history"))
 
 
-async def test_real_run_over_openssh(
-    openssh_server: OpenSshServer,
-    openssh_transport: SshTransport,
+async def test_real_run_over_ssh(
+    ssh_server: InProcessServer | OpenSshServer,
+    ssh_transport: SshTransport,
     prepared_data_dir: Path,
     smollm2_spec: str,
     tmp_path: Path,
@@ -65,7 +65,7 @@ async def test_real_run_over_openssh(
     run_dir = tmp_path / "run"
     watcher = Watcher()
     session = watcher.session(
-        openssh_transport, run_dir, read_only=False, history_points=50, launch_wait=300
+        ssh_transport, run_dir, read_only=False, history_points=50, launch_wait=300
     )
     args = ["--target-model", smollm2_spec, "--data-dir", str(prepared_data_dir), *TINY_TRAINER]
     follow: asyncio.Task[None] | None = None
@@ -90,7 +90,7 @@ async def test_real_run_over_openssh(
         assert state.settings["hs_min_ready"] == 3
 
         for drop in range(1, 4):
-            assert openssh_server.drop_connections() >= 1
+            assert ssh_server.drop_connections() >= 1
             await wait_for(lambda d=drop: watcher.reconnects() >= d, 30, "reconnecting")
             before = len(watcher.lines)
             # Any new line (steps, queue and GPU ticks, heartbeats) shows the resumed tail.
@@ -122,7 +122,7 @@ async def test_real_run_over_openssh(
                 capture_output=True,
                 timeout=60,
             )
-        await openssh_transport.close()
+        await ssh_transport.close()
 
     # Everything past the history summary arrived exactly once, in order.
     history_end = next(ln for ln in watcher.lines if ln.get("code") == "history_end")
