@@ -100,27 +100,6 @@ def transport_to(
     )
 
 
-@pytest.fixture
-def inproc_transport(
-    inproc_server: InProcessServer, client_key: ClientKey, tmp_path: Path
-) -> SshTransport:
-    known = trusted_known_hosts(
-        tmp_path / "known_hosts", inproc_server.port, inproc_server.host_key
-    )
-    return transport_to(inproc_server.port, client_key, known)
-
-
-@pytest.fixture
-def openssh_transport(
-    openssh_server: OpenSshServer, client_key: ClientKey, tmp_path: Path
-) -> SshTransport:
-    assert openssh_server.host_key is not None
-    known = trusted_known_hosts(
-        tmp_path / "known_hosts", openssh_server.port, openssh_server.host_key
-    )
-    return transport_to(openssh_server.port, client_key, known)
-
-
 # ---------------------------------------------------------------------------------------
 # A real process appending to a status stream, as the trainer's monitor thread would.
 
