@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import NoReturn
 
 from dflash_train import protocol
+from dflash_train.control.preflight import ArgumentError, RaisingParser
 from dflash_train.rundir import RunDir
 
 MIB = 1024 * 1024
@@ -44,24 +44,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-class OptionError(Exception):
-    pass
-
-
-class _RaisingParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise OptionError(message)
-
-
 def split_rest(
     args: argparse.Namespace, add_options: Callable[[argparse.ArgumentParser], None]
 ) -> list[str]:
     """argparse hands everything after RUN_DIR to `rest`: options up to `--` are this
     command's (parsed into `args`), what follows `--` is passed on untouched. argparse
     drops a `--` that comes right after RUN_DIR, so a `rest` without `--` that does not
-    start with one of our options is passed on whole. Raises OptionError."""
+    start with one of our options is passed on whole. Raises ArgumentError."""
     rest: list[str] = list(args.rest)
-    parser = _RaisingParser(add_help=False)
+    parser = RaisingParser(add_help=False)
     add_options(parser)
     if "--" in rest:
         cut = rest.index("--")
@@ -92,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         train_args = split_rest(args, add_start_options)
-    except OptionError as exc:
+    except ArgumentError as exc:
         reply: protocol.Reply | None = protocol.reply_error("launch", "bad_argument", str(exc))
     else:
         reply = check_start_options("launch", args)

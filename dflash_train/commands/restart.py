@@ -9,11 +9,11 @@ import argparse
 from dflash_train import protocol
 from dflash_train.commands.launch import (
     MIB,
-    OptionError,
     add_start_options,
     check_start_options,
     split_rest,
 )
+from dflash_train.control.preflight import ArgumentError
 from dflash_train.rundir import RunDir
 
 
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         overrides = split_rest(args, add_restart_options)
-    except OptionError as exc:
+    except ArgumentError as exc:
         reply: protocol.Reply | None = protocol.reply_error("restart", "bad_argument", str(exc))
     else:
         reply = check_start_options("restart", args)

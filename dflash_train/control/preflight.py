@@ -32,15 +32,16 @@ class PreflightError(Exception):
         return self.message
 
 
-class _ArgumentError(Exception):
+class ArgumentError(Exception):
     pass
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of printing usage and exiting."""
+class RaisingParser(argparse.ArgumentParser):
+    """argparse that raises ArgumentError instead of printing usage and exiting: control
+    commands answer bad input with a JSON reply."""
 
     def error(self, message: str) -> NoReturn:
-        raise _ArgumentError(message)
+        raise ArgumentError(message)
 
 
 def parse_train_args(run_dir: RunDir, train_args: Sequence[str]) -> argparse.Namespace:
@@ -50,11 +51,11 @@ def parse_train_args(run_dir: RunDir, train_args: Sequence[str]) -> argparse.Nam
 
     if any(a == "--output-dir" or a.startswith("--output-dir=") for a in train_args):
         raise PreflightError("bad_train_args", "--output-dir: set by launch from RUN_DIR")
-    parser = _Parser(prog="dflash-train train", add_help=False)
+    parser = RaisingParser(prog="dflash-train train", add_help=False)
     train.configure(parser)
     try:
         args = parser.parse_args([*train_args, "--output-dir", str(run_dir.root)])
-    except _ArgumentError as exc:
+    except ArgumentError as exc:
         raise PreflightError("bad_train_args", f"train args: {exc}") from None
     problem = train.check_args(args)
     if problem is not None:
