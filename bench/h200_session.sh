@@ -35,5 +35,5 @@ cp "$run/status.jsonl" "$OUT/run_status.jsonl"; tail -n 40 "$run/train.log" > "$
 [ "${1:-}" = quick ] && exit 0
 
 echo "== pipeline bench qwen3-8b (1 target + 1 drafter)"
-timeout 360 $py bench/pipeline.py --target random:qwen3-8b --target-gpus 0 --drafter-gpu 1 --seconds 20 \
+timeout "${BENCH_TIMEOUT:-360}" $py bench/pipeline.py --target random:qwen3-8b --target-gpus 0 --drafter-gpu 1 --seconds "${BENCH_SECONDS:-20}" \
   --out "$OUT/pipeline_qwen3-8b.json" 2>&1 | tee "$OUT/pipeline_qwen3-8b.log"

@@ -1,10 +1,17 @@
 """Who may attend to whom in a DFlash forward: block i's queries see context positions
-strictly before its anchor and every token of block i. Flex attention with a sparse block
-mask on CUDA, SDPA with a dense boolean mask elsewhere (CPU tests) or as the fallback."""
+strictly before its anchor and every token of block i. SDPA with a dense boolean mask by
+default; flex attention with a sparse block mask on request (DFLASH_ATTENTION=flex).
+
+Why SDPA by default: on an H200 (torch 2.11) the first compiled flex_attention call of a
+5-layer drafter for Qwen3-8B had not finished after 3 minutes, and the compile held the
+GIL so the target threads starved too; bucketed batches change shapes, so it recompiles.
+The dense mask is at most B x Q x (S+Q) booleans (8 x 8192 x 10240 = 0.7 GB at 512 anchors)
+and the mem-efficient SDPA kernel takes it without compiling anything."""
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +99,8 @@ def build_layout(
 ) -> AttentionLayout:
     if backend not in BACKENDS:
         raise ValueError(f"attention backend: {backend!r} is not one of {BACKENDS}")
-    want_flex = backend == "flex" or (backend == "auto" and _flex_available(anchors.device))
+    chosen = os.environ.get("DFLASH_ATTENTION", "sdpa") if backend == "auto" else backend
+    want_flex = backend == "flex" or (chosen == "flex" and _flex_available(anchors.device))
     if want_flex:
         try:
             return AttentionLayout(None, _flex_block_mask(anchors, valid, context_len, block_size))
@@ -118,6 +126,12 @@ def attend(
                 _FlexState.compiled = torch.compile(flex_attention)
             kernel = _FlexState.compiled
         return kernel(q, k, v, block_mask=layout.block_mask, scale=scale, enable_gqa=True)
+    if q.is_cuda and k.shape[1] != q.shape[1]:
+        # With enable_gqa and a mask, CUDA SDPA falls back to the math kernel, which
+        # materialises fp32 scores for every head; repeated K/V keep the mem-efficient one.
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=layout.dense_mask, scale=scale)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=layout.dense_mask, scale=scale, enable_gqa=True
     )
