@@ -246,6 +246,7 @@ def test_fresh_restart_then_stop_by_term(run_dir: Path) -> None:
         "signal",
         0,
     )
-    assert any((run_dir / "checkpoints").iterdir())
+    # The trainer checkpointed on SIGTERM at the step its run_end names.
+    assert (run_dir / "checkpoints" / f"step_{reply.data['step']:07d}").is_dir()
     _, status = cli("status", str(run_dir))
     assert status.data["state"] == "finished" and status.data["reason"] == "signal"
