@@ -3,6 +3,7 @@ started, judged from the run lock (liveness), the stream's tail and run.json."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -44,14 +45,14 @@ def tail_lines(path: Path, max_bytes: int) -> list[bytes]:
 
 
 def find_lines(
-    path: Path, run: str | None, *, after_seq: int = -1, max_bytes: int = TAIL_BYTES
+    path: Path, run: str | None, *, after_seq: int = -1, max_bytes: int | None = None
 ) -> StreamFacts:
     """Newest run_start, the run_end and step after it, and the last line, of run `run`
     (None: the stream's last run) with seq above `after_seq`. Reads only the tail and
     decodes only the lines it keeps."""
     found: dict[str, protocol.StatusLine] = {}
     last: protocol.StatusLine | None = None
-    for raw in reversed(tail_lines(path, max_bytes)):
+    for raw in reversed(tail_lines(path, max_bytes or TAIL_BYTES)):
         env = read_envelope(raw)
         if env is None:
             continue
@@ -88,6 +89,19 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES, *, since: int = 0) -> list
     return text[-lines:]
 
 
+def _total_steps(run_dir: RunDir, facts: StreamFacts) -> int | None:
+    """From the newest run_start, else (a long run: its run_start lies before the tail that
+    was read) from the stream's first line."""
+    start = facts.run_start
+    if start is None and facts.last is not None:
+        with contextlib.suppress(FileNotFoundError), run_dir.status.open("rb") as fh:
+            first = protocol.decode_line(fh.readline(protocol.MAX_LINE_BYTES))
+            if isinstance(first, protocol.StatusLine) and first.run == facts.last.run:
+                start = first if first.kind == "run_start" else None
+    total = start.get("total_steps") if start is not None else None
+    return total if isinstance(total, int) else None
+
+
 def run_status(
     run_dir: RunDir, *, stall_after_s: float = DEFAULT_STALL_AFTER_S, now: float | None = None
 ) -> dict[str, Any]:
@@ -114,13 +128,14 @@ def run_status(
         "last_line_age": round(now - last.t, 1) if last and not fresh_launch else None,
         "started_at": started_at,
         "launch": record.get("launch"),
-        "total_steps": facts.run_start.get("total_steps") if facts.run_start else None,
+        "total_steps": _total_steps(run_dir, facts),
     }
     if held:
         since = started_at if fresh_launch else (last.t if last else started_at)
         quiet = now - since if isinstance(since, (int, float)) else 0.0
         info["state"] = "stalled" if quiet > stall_after_s else "running"
-        info["starting"] = fresh_launch or (facts.run_start is None)
+        # No step yet since its run_start (a run_start beyond the tail read is long past).
+        info["starting"] = fresh_launch or (facts.run_start is not None and facts.step is None)
         info["quiet_s"] = round(quiet, 1)
         return info
     if last is None and not record:

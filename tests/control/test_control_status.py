@@ -7,8 +7,10 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 from control_harness import cli, run_start_fields, step_fields, write_stream
 
+from dflash_train.control import run_status as run_status_module
 from dflash_train.rundir import RunDir, RunLock, atomic_write_json
 
 
@@ -93,3 +95,16 @@ def test_a_launch_that_wrote_nothing_yet(tmp_path: Path) -> None:
     # The same launch died before writing a line: crashed, not the old run's "finished".
     _, reply = cli("status", str(tmp_path))
     assert reply.data["state"] == "crashed" and reply.data["run_id"] == "run-new"
+
+
+def test_a_long_run_whose_run_start_is_far_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rundir = RunDir.at(tmp_path)
+    steps = [("step", step_fields(i)) for i in range(200)]
+    write_stream(rundir.status, "run-l", [("run_start", run_start_fields()), *steps])
+    monkeypatch.setattr(run_status_module, "TAIL_BYTES", 4096)  # the tail misses run_start
+    with RunLock(rundir.lock):
+        info = run_status_module.run_status(rundir)
+    assert info["state"] == "running" and info["starting"] is False
+    assert info["total_steps"] == 100 and info["last_step"] == 199
