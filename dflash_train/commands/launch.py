@@ -77,29 +77,32 @@ def check_start_options(command: str, args: argparse.Namespace) -> protocol.Repl
     return None
 
 
-def run(args: argparse.Namespace) -> int:
+def _reply(args: argparse.Namespace) -> protocol.Reply:
     from dflash_train.control.launch import launch_run, parse_env
     from dflash_train.control.preflight import PreflightError
 
     try:
         train_args = split_rest(args, add_start_options)
     except ArgumentError as exc:
-        reply: protocol.Reply | None = protocol.reply_error("launch", "bad_argument", str(exc))
-    else:
-        reply = check_start_options("launch", args)
-    if reply is None:
-        try:
-            env = parse_env(args.env)
-        except PreflightError as exc:
-            reply = protocol.reply_error("launch", exc.code, exc.message)
-        else:
-            reply = launch_run(
-                RunDir.at(args.run_dir),
-                train_args,
-                env=env,
-                wait_s=args.wait,
-                allow_busy=args.allow_busy,
-                min_free_bytes=None if args.min_free_mb is None else args.min_free_mb * MIB,
-            )
+        return protocol.reply_error("launch", "bad_argument", str(exc))
+    problem = check_start_options("launch", args)
+    if problem is not None:
+        return problem
+    try:
+        env = parse_env(args.env)
+    except PreflightError as exc:
+        return protocol.reply_error("launch", exc.code, exc.message)
+    return launch_run(
+        RunDir.at(args.run_dir),
+        train_args,
+        env=env,
+        wait_s=args.wait,
+        allow_busy=args.allow_busy,
+        min_free_bytes=None if args.min_free_mb is None else args.min_free_mb * MIB,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    reply = _reply(args)
     print(reply.to_json(), flush=True)
     return 0 if reply.ok else 1

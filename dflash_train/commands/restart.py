@@ -45,7 +45,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def _reply(args: argparse.Namespace) -> protocol.Reply:
     from dflash_train.control.launch import parse_env
     from dflash_train.control.preflight import PreflightError
     from dflash_train.control.restart import restart_run
@@ -53,35 +53,39 @@ def run(args: argparse.Namespace) -> int:
     try:
         overrides = split_rest(args, add_restart_options)
     except ArgumentError as exc:
-        reply: protocol.Reply | None = protocol.reply_error("restart", "bad_argument", str(exc))
-    else:
-        reply = check_start_options("restart", args)
+        return protocol.reply_error("restart", "bad_argument", str(exc))
+    problem = check_start_options("restart", args)
+    if problem is not None:
+        return problem
+    if not args.stop_timeout > 0:
+        error = f"stop-timeout: {args.stop_timeout} must be above 0 seconds"
+        return protocol.reply_error("restart", "bad_argument", error)
     sets: dict[str, str] = {}
     for item in args.set:
         key, sep, value = item.partition("=")
-        if reply is None and not sep:
-            error = f"set: {item!r} is not KEY=VALUE"
-            reply = protocol.reply_error("restart", "bad_override", error)
-        sets[key.strip()] = value
-    if reply is None and not args.stop_timeout > 0:
-        error = f"stop-timeout: {args.stop_timeout} must be above 0 seconds"
-        reply = protocol.reply_error("restart", "bad_argument", error)
-    if reply is None:
-        try:
-            env = parse_env(args.env)
-        except PreflightError as exc:
-            reply = protocol.reply_error("restart", exc.code, exc.message)
-        else:
-            reply = restart_run(
-                RunDir.at(args.run_dir),
-                fresh=args.fresh,
-                sets=sets,
-                extra_args=overrides,
-                env=env,
-                wait_s=args.wait,
-                stop_timeout_s=args.stop_timeout,
-                allow_busy=args.allow_busy,
-                min_free_bytes=None if args.min_free_mb is None else args.min_free_mb * MIB,
+        if not sep:
+            return protocol.reply_error(
+                "restart", "bad_override", f"set: {item!r} is not KEY=VALUE"
             )
+        sets[key.strip()] = value
+    try:
+        env = parse_env(args.env)
+    except PreflightError as exc:
+        return protocol.reply_error("restart", exc.code, exc.message)
+    return restart_run(
+        RunDir.at(args.run_dir),
+        fresh=args.fresh,
+        sets=sets,
+        extra_args=overrides,
+        env=env,
+        wait_s=args.wait,
+        stop_timeout_s=args.stop_timeout,
+        allow_busy=args.allow_busy,
+        min_free_bytes=None if args.min_free_mb is None else args.min_free_mb * MIB,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    reply = _reply(args)
     print(reply.to_json(), flush=True)
     return 0 if reply.ok else 1
