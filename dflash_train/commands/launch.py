@@ -4,6 +4,9 @@ detached, and reply only once it is verifiably training (or with the reason it i
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import sys
 from collections.abc import Callable
 
 from dflash_train import protocol
@@ -65,6 +68,15 @@ def split_rest(
     return rest[cut + 1 :]
 
 
+def print_reply(reply: protocol.Reply) -> None:
+    """Print the reply; a reader that has gone (a dropped channel) loses nothing the run
+    directory does not record."""
+    try:
+        print(reply.to_json(), flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def check_start_options(command: str, args: argparse.Namespace) -> protocol.Reply | None:
     if not args.wait > 0:
         return protocol.reply_error(
@@ -103,6 +115,9 @@ def _reply(args: argparse.Namespace) -> protocol.Reply:
 
 
 def run(args: argparse.Namespace) -> int:
+    # A dropped SSH channel must not end us mid-verification: a trainer hanging at
+    # start-up would be left half-alive with nobody to end its process group.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     reply = _reply(args)
-    print(reply.to_json(), flush=True)
+    print_reply(reply)
     return 0 if reply.ok else 1

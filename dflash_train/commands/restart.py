@@ -5,12 +5,14 @@ the overrides applied. A bad override is refused before anything is stopped."""
 from __future__ import annotations
 
 import argparse
+import signal
 
 from dflash_train import protocol
 from dflash_train.commands.launch import (
     MIB,
     add_start_options,
     check_start_options,
+    print_reply,
     split_rest,
 )
 from dflash_train.control.preflight import ArgumentError
@@ -86,6 +88,9 @@ def _reply(args: argparse.Namespace) -> protocol.Reply:
 
 
 def run(args: argparse.Namespace) -> int:
+    # A dropped SSH channel must not end us mid-verification: a trainer hanging at
+    # start-up would be left half-alive with nobody to end its process group.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     reply = _reply(args)
-    print(reply.to_json(), flush=True)
+    print_reply(reply)
     return 0 if reply.ok else 1

@@ -1,20 +1,23 @@
 """`launch` against real trainers that fail to start: one crashes (a corrupt shard that
 preflight cannot tell from a good one), one hangs (its weights shard is a FIFO nobody
-writes, so loading blocks in open()). Both must end with the reason, the log tail, no
-process left behind and a run directory that says what happened."""
+writes, so loading blocks in open(); its launch is hung up on mid-wait, as by a dropped SSH
+session). Both must end with the reason, the log tail, no process left behind and a run
+directory that says what happened."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from control_harness import SMALL_TRAIN, cli, trainer_env_args
+from control_harness import SMALL_TRAIN, cli, dflash_argv, trainer_env_args
 
-from dflash_train import targets
+from dflash_train import protocol, targets
 from dflash_train.rundir import lock_is_held, read_json
 
 HANG_WAIT_S = 10
@@ -91,20 +94,29 @@ def test_a_trainer_that_hangs_at_startup_is_ended(
     assert targets.resolve_target(str(target)).kind == "hf"  # preflight cannot tell
     run_dir = run_dirs("hang")
     started = time.monotonic()
-    rc, reply = cli(
-        "launch",
-        str(run_dir),
-        "--wait",
-        str(HANG_WAIT_S),
-        *trainer_env_args(),
-        "--",
-        "--target-model",
-        str(target),
-        "--data-dir",
-        str(prepared_data_dir),
-        *SMALL_TRAIN,
-        timeout=120,
+    launch = subprocess.Popen(
+        dflash_argv(
+            "launch",
+            str(run_dir),
+            "--wait",
+            str(HANG_WAIT_S),
+            *trainer_env_args(),
+            "--",
+            "--target-model",
+            str(target),
+            "--data-dir",
+            str(prepared_data_dir),
+            *SMALL_TRAIN,
+        ),
+        stdout=subprocess.PIPE,
     )
+    # The SSH session that ran it hangs up mid-wait: launch must still see it through.
+    time.sleep(2)
+    launch.send_signal(signal.SIGHUP)
+    out, _ = launch.communicate(timeout=120)
+    rc = launch.returncode
+    reply = protocol.decode_reply(out)
+    assert isinstance(reply, protocol.Reply), out
     elapsed = time.monotonic() - started
     assert rc == 1 and reply.error_code == "startup_timeout", reply
     assert HANG_WAIT_S <= elapsed < HANG_WAIT_S + 30
