@@ -3,6 +3,7 @@ and redraws the panes from RunState on a timer (never from the I/O path)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import deque
@@ -12,6 +13,7 @@ from typing import Any
 
 from textual import on, work
 from textual.app import App, SystemCommand
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.worker import Worker
 
@@ -132,6 +134,15 @@ class DflashApp(App[None]):
         self.connect_and_follow()
         if self.startup is not None:
             self.run_worker(self.startup(self), group="startup", name="startup")
+
+    async def on_unmount(self) -> None:
+        # End the tail/gpus commands before the loop closes, so no child outlives us.
+        io = [w for w in self.workers if w.group in ("stream", "gpus", "status", "startup")]
+        for worker in io:
+            worker.cancel()
+        with contextlib.suppress(Exception):
+            await self.workers.wait_for_complete(io)
+        await self.transport.close()
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
@@ -329,8 +340,14 @@ class DflashApp(App[None]):
 
     def redraw(self) -> None:
         main = self.main_screen()
-        if main is None or not main.is_attached:
+        if main is None or not main.is_attached or self._exit:
             return
+        try:
+            self._draw(main)
+        except NoMatches:
+            return  # the screen is being torn down under us (the app is leaving)
+
+    def _draw(self, main: MainScreen) -> None:
         now = self.clock()
         colours = self.colours()
         state = self.state

@@ -1,0 +1,114 @@
+"""Starts the real console app on a real run directory through a LocalTransport that runs the
+real `dflash-train` commands and records every argv it was given, so tests can count what
+reached the box."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+
+from textual.pilot import Pilot
+
+from dflash_tui.app import ConsoleOptions, DflashApp
+from dflash_tui.sources.transport import CommandResult, LocalTransport
+from tests.tui.synthetic_stream import write_stream
+
+MUTATING = frozenset({"launch", "stop", "restart", "set"})
+PYTHON = sys.executable
+TRAINER = (PYTHON, "-m", "dflash_train")
+VALID_FORM = {
+    "target_model": "smollm2",
+    "target_gpus": "cpu",
+    "drafter_gpus": "cpu",
+    "pipeline": "async",
+    "epochs": "2",
+    "lr": "6e-4",
+    "hs_queue_depth": "8",
+    "hs_min_ready": "2",
+    "max_steps": "",
+    "extra": "--draft-layers 1",
+}
+
+
+class RecordingTransport(LocalTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.commands: list[list[str]] = []
+
+    async def run(self, argv: Sequence[str], *, timeout: float) -> CommandResult:
+        self.commands.append(list(argv))
+        return await super().run(argv, timeout=timeout)
+
+    def stream(self, argv: Sequence[str]):  # type: ignore[no-untyped-def]
+        self.commands.append(list(argv))
+        return super().stream(argv)
+
+    def subcommands(self) -> list[str]:
+        """The dflash-train subcommand of each recorded argv, in order."""
+        return [
+            argv[len(TRAINER)] for argv in self.commands if tuple(argv[: len(TRAINER)]) == TRAINER
+        ]
+
+    def mutating(self) -> list[list[str]]:
+        return [argv for argv in self.commands if set(argv[len(TRAINER) :][:1]) & MUTATING]
+
+
+def make_run_dir(root: Path, steps: int = 300) -> Path:
+    run_dir = root / "run"
+    write_stream(run_dir, steps)
+    return run_dir
+
+
+def console_app(
+    run_dir: Path,
+    *,
+    read_only: bool = False,
+    defaults: Mapping[str, str] | None = None,
+    remember: Callable[[str, object], None] | None = None,
+    clock: Callable[[], float] = time.time,
+    theme: str | None = None,
+) -> tuple[DflashApp, RecordingTransport]:
+    transport = RecordingTransport()
+    options = ConsoleOptions(
+        target_name="test-box",
+        run_dir=str(run_dir),
+        read_only=read_only,
+        python=PYTHON,
+        launch_defaults=dict(defaults if defaults is not None else VALID_FORM),
+        theme=theme,
+        remember=remember,
+        follow_gpus=False,
+    )
+    return DflashApp(transport, options, clock=clock), transport
+
+
+async def wait_until(
+    pilot: Pilot[None], predicate: Callable[[], bool], *, timeout: float = 30.0
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await pilot.pause(0.05)
+
+
+async def wait_for_controls(app: DflashApp) -> None:
+    """Every control command the app sent has answered and its reply was handled."""
+    controls = [w for w in app.workers if w.group == "control"]
+    if controls:  # an empty list would mean "wait for every worker", the tail included
+        await app.workers.wait_for_complete(controls)
+
+
+@contextlib.asynccontextmanager
+async def attached(
+    run_dir: Path, *, steps: int = 300, size: tuple[int, int] = (160, 48), **kwargs: object
+) -> AsyncIterator[tuple[DflashApp, Pilot[None], RecordingTransport]]:
+    """The console running and showing the whole synthetic stream."""
+    app, transport = console_app(run_dir, **kwargs)  # type: ignore[arg-type]
+    async with app.run_test(size=size) as pilot:
+        await wait_until(pilot, lambda: app.state.step == steps - 1)
+        await pilot.pause()
+        yield app, pilot, transport
