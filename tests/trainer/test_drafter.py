@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ from dflash_train.drafter import (
     read_drafter_config,
     save_drafter,
 )
-from dflash_train.targets import Target
+from dflash_train.targets import Target, load_target
 
 
 def test_config_round_trips_through_json() -> None:
@@ -55,18 +56,13 @@ def test_config_from_dict_names_missing_field() -> None:
         DFlashConfig.from_dict(record)
 
 
-def test_choose_mask_follows_dflash_rule() -> None:
-    class Tok:
-        def __init__(self, size: int, mask: int | None) -> None:
-            self.size, self.mask_token_id = size, mask
-
-        def __len__(self) -> int:
-            return self.size
-
-    assert choose_mask(Tok(100, 7), 100) == ("token", 7)
-    # Qwen3: 151669 tokens in a 151936-row table -> the first unused row.
-    assert choose_mask(Tok(151669, None), 151936) == ("token", 151669)
-    assert choose_mask(Tok(49152, None), 49152) == ("learned", None)
+def test_choose_mask_follows_dflash_rule(smollm2: Target) -> None:
+    tokenizer = copy.deepcopy(smollm2.tokenizer)
+    # SmolLM2: all 49152 rows are tokens -> learned; spare rows -> the first unused one.
+    assert choose_mask(tokenizer, 49152) == ("learned", None)
+    assert choose_mask(tokenizer, 49216) == ("token", 49152)
+    tokenizer.add_special_tokens({"mask_token": "<mask>"})
+    assert choose_mask(tokenizer, 49216) == ("token", tokenizer.mask_token_id)
 
 
 def test_config_for_smollm2_learns_its_mask(smollm2: Target) -> None:
@@ -79,18 +75,19 @@ def test_config_for_smollm2_learns_its_mask(smollm2: Target) -> None:
     assert config.rope_theta == 100000.0
 
 
-def test_config_for_random_target_uses_an_unused_row(tiny_target: Target) -> None:
-    # SmolLM2's tokenizer fills the tiny preset's 49152 rows too, so it learns its mask;
-    # a target with spare rows gets a token id instead.
-    spare = SimpleNamespace(
-        model=tiny_target.model,
-        tokenizer=tiny_target.tokenizer,
-        num_layers=6,
+def test_config_for_a_target_with_spare_rows_uses_a_token() -> None:
+    target = load_target("random:tiny", "cpu", torch.float32)
+    target.model.resize_token_embeddings(49152 + 64)  # as Qwen3's table has spare rows
+    target = dataclasses.replace(
+        target,
         vocab_size=49152 + 64,
+        embed_tokens=target.model.get_input_embeddings(),
+        lm_head=target.model.get_output_embeddings(),
     )
-    config = drafter_config_for_target(spare, num_layers=2)  # type: ignore[arg-type]
+    config = drafter_config_for_target(target, num_layers=2)
     assert (config.mask_mode, config.mask_token_id) == ("token", 49152)
     assert config.target_layer_ids == (1, 3)
+    assert (config.hidden_size, config.num_heads, config.head_dim) == (64, 4, 16)
 
 
 def test_parameter_names_are_the_reference_export_names() -> None:
