@@ -128,7 +128,7 @@ def run_status(
         "last_line_age": round(now - last.t, 1) if last and not fresh_launch else None,
         "started_at": started_at,
         "launch": record.get("launch"),
-        "total_steps": _total_steps(run_dir, facts),
+        "total_steps": None if fresh_launch else _total_steps(run_dir, facts),
     }
     if held:
         since = started_at if fresh_launch else (last.t if last else started_at)
