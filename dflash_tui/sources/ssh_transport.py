@@ -22,6 +22,7 @@ from dflash_tui.sources.transport_types import (
     AuthenticationFailed,
     CommandResult,
     CommandTimeout,
+    DestinationRefused,
     HostKeyUnknown,
     TransportError,
     UseDefault,
@@ -124,8 +125,11 @@ class SshTransport:
         tunnel = resolved.tunnel
         if not isinstance(tunnel, str) or tunnel.lower() == "none":
             return None
-        for hop in tunnel.split(","):
-            check_destination("ProxyJump", hop.strip())
+        try:
+            for hop in tunnel.split(","):
+                check_destination("ProxyJump", hop.strip())
+        except ValueError as exc:
+            raise DestinationRefused(f"ssh_config for {self.host}: {exc}") from None
         return tunnel
 
     async def _connect(

@@ -22,6 +22,7 @@ from dflash_tui.sources.transport_types import (
     AuthenticationFailed,
     CommandResult,
     CommandTimeout,
+    DestinationRefused,
     HostKeyUnknown,
     TransportError,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "AuthenticationFailed",
     "CommandResult",
     "CommandTimeout",
+    "DestinationRefused",
     "HostKeyUnknown",
     "LocalTransport",
     "SshTransport",

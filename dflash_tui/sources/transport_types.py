@@ -68,6 +68,12 @@ class AuthenticationFailed(TransportError):
     retryable = False
 
 
+class DestinationRefused(TransportError):
+    """ssh_config names a destination we will not pass on (see destination.py)."""
+
+    retryable = False
+
+
 class CommandTimeout(TimeoutError):
     def __init__(self, argv: Sequence[str], timeout: float) -> None:
         super().__init__(f"{shlex.join(argv)}: no answer within {timeout:g} s")

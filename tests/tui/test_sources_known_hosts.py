@@ -1,5 +1,5 @@
-"""known_hosts handling without a server: the trusted line's format and file modes, and
-what counts as a changed key; and the names SshTransport refuses to pass to ssh_config."""
+"""known_hosts handling without a server (the trusted line, file modes, changed keys), and
+the destination names SshTransport refuses to pass on to ssh_config."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dflash_tui.sources.known_hosts import (
     load_known_hosts,
     trust_host_key,
 )
-from dflash_tui.sources.transport import SshTransport
+from dflash_tui.sources.transport import DestinationRefused, SshTransport
 
 
 def test_trusting_appends_one_plain_line(tmp_path: Path) -> None:
@@ -61,3 +61,12 @@ def test_split_jump() -> None:
     assert split_jump("ops@bastion:2200") == ("ops", "bastion", 2200)
     assert split_jump("bastion") == (None, "bastion", None)
     assert split_jump("ops@[::1]") == ("ops", "[::1]", None)
+
+
+async def test_a_proxyjump_with_shell_characters_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text("Host box\n  HostName 127.0.0.1\n  ProxyJump evil$(id)\n")
+    transport = SshTransport("box", known_hosts=tmp_path / "kh", config_path=config)
+    with pytest.raises(DestinationRefused, match="ProxyJump") as info:
+        await transport.connect()
+    assert not info.value.retryable
