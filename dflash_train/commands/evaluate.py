@@ -25,6 +25,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if any)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16"),
+        help="auto: bfloat16 on CUDA, float32 on CPU. In bfloat16 a verify forward over a "
+        "block and a one-token forward round differently, so a near-tie can flip and "
+        "'lossless' can read false without a bug; float32 makes that unlikely",
+    )
 
 
 def _reply(reply: protocol.Reply) -> None:
@@ -67,7 +75,10 @@ def _evaluate(args: argparse.Namespace, resolved: ResolvedTarget, prompts: list[
 
     start = time.monotonic()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if args.dtype == "auto":
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    else:
+        dtype = getattr(torch, args.dtype)
     try:
         drafter = load_any_drafter(args.drafter, device, dtype).eval()
     except (ValueError, OSError) as exc:
@@ -93,6 +104,7 @@ def _evaluate(args: argparse.Namespace, resolved: ResolvedTarget, prompts: list[
             generated_tokens=summary.generated_tokens,
             block_size=drafter.config.block_size,
             device=str(device),
+            dtype=str(dtype).removeprefix("torch."),
             seconds=round(time.monotonic() - start, 2),
         )
     )

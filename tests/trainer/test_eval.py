@@ -134,7 +134,7 @@ def test_cli_eval_reports_one_json_line(smollm2: Target, tmp_path: Path) -> None
         "cpu",
     )
     assert code == 0 and reply.ok and reply.command == "eval"
-    assert reply.data["lossless"] is True
+    assert reply.data["lossless"] is True and reply.data["dtype"] == "float32"
     assert reply.data["prompts"] == 1 and reply.data["blocks"] >= 1
     assert reply.data["tau"] >= 1.0 and reply.data["tokens_per_target_forward"] > 0
 
