@@ -227,7 +227,8 @@ class DFlashDrafter(nn.Module):
     def __init__(self, config: DFlashConfig, attention_backend: str = "auto") -> None:
         super().__init__()
         self.config = config
-        # "auto": flex_attention with a block mask on CUDA, SDPA with a boolean mask elsewhere.
+        # "auto": SDPA with a boolean mask, or flex_attention on CUDA when DFLASH_ATTENTION=flex
+        # (attention_layout.py says why SDPA is the default).
         self.attention_backend = attention_backend
         c = config
         self.layers = nn.ModuleList(DFlashDecoderLayer(c) for _ in range(c.num_layers))
