@@ -20,6 +20,7 @@ from dflash_train.pipeline.monitor import MonitorThread
 from dflash_train.pipeline.pool import HiddenStatePool
 from dflash_train.pipeline.sources import AsyncSource, BatchLoader, SyncSource
 from dflash_train.pipeline.stage_timers import StageTimers
+from dflash_train.pipeline.training_loop import run_epochs
 from dflash_train.rundir import RunDir
 from dflash_train.status_writer import StatusWriter
 
@@ -332,18 +333,14 @@ class TrainingRun:
         self.monitor.mark_start()
         self.monitor.start()
         try:
-            reason = self._epochs()
+            return run_epochs(self)
         finally:
             self.shutdown()
-        return reason
-
-    def _epochs(self) -> str:
-        from dflash_train.pipeline.training_loop import run_epochs
-
-        return run_epochs(self)
 
     def save(self) -> None:
         """Checkpoint now (rank 0 writes; the others only take part in gathering)."""
+        if self.step == 0:
+            return  # nothing trained yet (a stop during loading): no checkpoint to keep
         consumed = sorted(self.consumed)
         if self.group is not None:
             consumed = self.group.union(consumed)
