@@ -168,11 +168,14 @@ def test_non_finite_steps_stop_the_run_and_keep_the_last_good_checkpoint(
         "--max-bad-steps", "3",
         "--epochs", "20",
     )  # fmt: skip
-    done = run_train(argv)
+    secret = "wandb-key-that-must-not-leak"
+    done = run_train(argv, WANDB_API_KEY=secret)
     assert done.returncode == 1, done.stderr[-3000:]
     lines = status_lines(run_dir)
     end = lines[-1]
     assert end.kind == "run_end" and end["reason"] == "error"
+    written = [p.read_bytes() for p in run_dir.rglob("*") if p.is_file()]
+    assert not any(secret.encode() in blob for blob in written) and secret not in done.stderr
     assert "non-finite steps in a row" in end["error_tail"]
     bad = [line for line in lines if line.get("code") == "nonfinite_step"]
     assert bad and all(line["level"] == "error" for line in bad)
