@@ -110,6 +110,7 @@ class InProcessServer:
     tag: str = field(default_factory=lambda: uuid.uuid4().hex)
     commands: list[str] = field(default_factory=list)
     port: int = 0
+    connections_accepted: int = 0
     _acceptor: asyncssh.SSHAcceptor | None = None
     _conns: list[asyncssh.SSHServerConnection] = field(default_factory=list)
 
@@ -118,6 +119,7 @@ class InProcessServer:
 
         class Tracker(asyncssh.SSHServer):
             def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+                server.connections_accepted += 1
                 server._conns.append(conn)
 
         self._acceptor = await asyncssh.listen(

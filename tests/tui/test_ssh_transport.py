@@ -241,3 +241,16 @@ async def test_proxyjump_from_ssh_config_is_checked_against_our_known_hosts(
     assert (await transport.run(["echo", "hopped"], timeout=20)).stdout == b"hopped\n"
     assert inproc_server.received() == [shlex.join([*PCT_PREFIX, "echo", "hopped"])]
     await transport.close()
+
+
+async def test_one_connection_carries_every_command(
+    inproc_server: InProcessServer, client_key: ClientKey, tmp_path: Path
+) -> None:
+    known = trusted_known_hosts(tmp_path / "kh", inproc_server.port, server_key(inproc_server))
+    transport = transport_to(inproc_server.port, client_key, known)
+    results = await asyncio.gather(*(transport.run(["echo", str(i)], timeout=20) for i in range(3)))
+    assert [r.stdout for r in results] == [b"0\n", b"1\n", b"2\n"]
+    async with transport.stream(["echo", "streamed"]) as lines:
+        assert [line async for line in lines] == [b"streamed"]
+    assert inproc_server.connections_accepted == 1
+    await transport.close()
