@@ -44,6 +44,9 @@ class MonitorIntervals:
     control: float = 1.0
     heartbeat: float = 5.0
     profile: float = 30.0
+    # With no training progress for this long the monitor falls silent (after one warning
+    # event), so `status` sees the stream go quiet and calls the run stalled.
+    stall: float = 300.0
 
     @classmethod
     def from_env(cls) -> MonitorIntervals:
@@ -53,7 +56,13 @@ class MonitorIntervals:
         except ValueError:
             print(f"DFLASH_PROFILE_INTERVAL: not a number: {raw!r}; using 30", file=sys.stderr)
             profile = cls.profile
-        return cls(profile=max(0.5, profile))
+        stall_raw = os.environ.get("DFLASH_STALL_AFTER")
+        try:
+            stall = float(stall_raw) if stall_raw else cls.stall
+        except ValueError:
+            print(f"DFLASH_STALL_AFTER: not a number: {stall_raw!r}; using 300", file=sys.stderr)
+            stall = cls.stall
+        return cls(profile=max(0.5, profile), stall=max(1.0, stall))
 
 
 class MonitorThread(threading.Thread):
@@ -97,6 +106,8 @@ class MonitorThread(threading.Thread):
         self._last_step_at = start_time if start_time is not None else time.monotonic()
         self._last_pool: tuple[float, PoolStats] | None = None
         self._due: dict[str, float] = {}
+        self._progress_at = time.monotonic()
+        self._silent = False
         self.errors = 0
         # W&B wants monotonic steps: queue and gpu figures go under the latest train step.
         self._wandb_step = 0
@@ -105,8 +116,14 @@ class MonitorThread(threading.Thread):
     def mark_start(self) -> None:
         """The first interval's throughput counts from here (not from model loading)."""
         self._last_step_at = time.monotonic()
+        self.touch()
+
+    def touch(self) -> None:
+        """The training loop is alive (a step, a checkpoint, an epoch boundary)."""
+        self._progress_at = time.monotonic()
 
     def submit_step(self, record: StepRecord) -> None:
+        self.touch()
         with self._cond:
             self._items.append(record)
             self._cond.notify()
@@ -171,6 +188,8 @@ class MonitorThread(threading.Thread):
         iv = self.intervals
         if self.control is not None and self._due_now("control", iv.control, now):
             self._poll_control()
+        if self._quiet_for_stall(now):
+            return
         if self._due_now("queue", iv.queue, now):
             self._write_queue(now)
         if self._due_now("gpu", iv.gpu, now):
@@ -181,6 +200,23 @@ class MonitorThread(threading.Thread):
             self._write_profile()
         if self.writer is not None and now - self.writer.last_write >= iv.heartbeat:
             self._write("heartbeat")
+
+    def _quiet_for_stall(self, now: float) -> bool:
+        """Periodic lines would hide a hung training loop from `status`: after `stall`
+        seconds without progress, warn once and write nothing periodic until it moves."""
+        idle = now - self._progress_at
+        if idle < self.intervals.stall:
+            self._silent = False
+            return False
+        if not self._silent:
+            self._silent = True
+            self._write(
+                "event",
+                level="warning",
+                code="no_progress",
+                message=f"no training progress for {idle:.0f} s; periodic lines paused",
+            )
+        return True
 
     # -- lines --------------------------------------------------------------------------
     def _write(self, kind: str, **fields: Any) -> None:

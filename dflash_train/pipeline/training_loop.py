@@ -30,6 +30,7 @@ def run_epochs(run: TrainingRun) -> str:
         remaining = [p for p in range(len(order)) if p not in run.consumed]
         positions = shard_positions(remaining, run.rank.rank, run.rank.world_size)
         plan = EpochPlan(epoch, order, positions)
+        run.monitor.touch()
         reason = None
         # With several ranks a stop is acted on only through `agree`, at the same step
         # everywhere, so the source must not end early on one rank.

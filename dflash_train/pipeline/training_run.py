@@ -341,6 +341,8 @@ class TrainingRun:
         """Checkpoint now (rank 0 writes; the others only take part in gathering)."""
         if self.step == 0:
             return  # nothing trained yet (a stop during loading): no checkpoint to keep
+        if self.monitor is not None:
+            self.monitor.touch()
         consumed = sorted(self.consumed)
         if self.group is not None:
             consumed = self.group.union(consumed)

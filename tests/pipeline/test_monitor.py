@@ -200,3 +200,28 @@ def test_rejected_control_answers_with_reason_and_rev(tmp_path: Path) -> None:
     assert settings["hs_min_ready"] == 2
     sync_queue = next(line for line in _lines(status) if line.kind == "queue")
     assert sync_queue["pipeline"] == "sync" and sync_queue["hs_queue_depth"] == 4
+
+
+def test_monitor_falls_silent_when_training_makes_no_progress(tmp_path: Path) -> None:
+    status = tmp_path / "status.jsonl"
+    intervals = MonitorIntervals(
+        tick=0.02, queue=0.1, gpu=60, control=60, heartbeat=0.1, profile=60, stall=0.4
+    )
+    monitor = MonitorThread(
+        StatusWriter(status, "r"),
+        block_size=BLOCK,
+        max_bad_steps=3,
+        on_fatal=lambda _m: None,
+        timers=StageTimers(),
+        intervals=intervals,
+    )
+    monitor.mark_start()
+    monitor.start()
+    _wait_for(status, lambda line: line.get("code") == "no_progress")
+    count = len(_lines(status))
+    time.sleep(0.5)
+    assert len(_lines(status)) == count  # silent: `status` will see a stalled run
+    monitor.touch()
+    time.sleep(0.3)
+    monitor.stop()
+    assert _lines(status)[-1].kind in ("queue", "heartbeat")  # progress brings lines back
