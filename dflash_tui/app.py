@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,9 +36,9 @@ from dflash_tui.widgets.hs_queue import HsQueuePane, render_queue
 from dflash_tui.widgets.loss_plot import LossPane
 from dflash_tui.widgets.throughput_plot import ThroughputPane
 
-REFRESH_HZ = 4.0
+REFRESH_HZ = 2.0
 # Plots cost the most to draw; they follow new data at most this often.
-PLOT_EVERY_S = 1.0
+PLOT_EVERY_S = 2.0
 NOTES_KEPT = 200
 # How often a silent or crashed run is checked with `dflash-train status`.
 STATUS_EVERY_S = 30.0
@@ -88,9 +88,10 @@ class DflashApp(App[None]):
         self.log_tail: list[str] = []
         self.log_tail_run: str | None = None
         self._last_status_check = -math.inf
-        self._data_version = 0
-        self._plotted_version = -1
-        self._last_plot = 0.0
+        # Lines seen per kind, and what each pane last drew: panes redraw only on change.
+        self._seen: Counter[str] = Counter()
+        self._drawn: dict[str, object] = {}
+        self._last_plot = -math.inf
         self.last_control: Worker[None] | None = None
         self.theme_names: list[str] = []
 
@@ -170,14 +171,14 @@ class DflashApp(App[None]):
 
     def _on_line(self, line: StatusLine) -> None:
         self.state.apply(line)
-        self._data_version += 1
+        self._seen[line.kind] += 1
 
     def _on_gpu_line(self, line: StatusLine) -> None:
         # `gpus --follow` readings fill the pane only while no trainer reports its own
         # (the trainer's lines carry each GPU's role in the run).
         if self.state.run_state not in ("running", "stalled"):
             self.state.apply_gpu_reading(line)
-            self._data_version += 1
+            self._seen["gpu"] += 1
 
     def _on_connection(self, state: ConnectionState) -> None:
         self.connection = state.status
@@ -275,8 +276,9 @@ class DflashApp(App[None]):
             self.post_message(Note("warning", f"status: {exc}", key="status"))
             return
         self.state.apply_status(reply)
-        if reply.ok and reply.data.get("state") == "crashed":
-            tail = reply.data.get("log_tail") or reply.data.get("error_tail") or []
+        data = reply.data
+        if reply.ok and (data.get("state") == "crashed" or data.get("reason") == "error"):
+            tail = data.get("log_tail") or data.get("error_tail") or []
             lines = tail.splitlines() if isinstance(tail, str) else [str(t) for t in tail]
             self.post_message(LogTail(self.state.run_id, lines))
 
@@ -290,7 +292,7 @@ class DflashApp(App[None]):
         self.request_redraw()
 
     def request_redraw(self) -> None:
-        self._plotted_version = -1
+        self._drawn.clear()
         self.call_later(self.redraw)
 
     def launch_defaults(self) -> dict[str, str]:
@@ -347,35 +349,70 @@ class DflashApp(App[None]):
         except NoMatches:
             return  # the screen is being torn down under us (the app is leaving)
 
+    def _changed(self, pane: str, signature: object) -> bool:
+        """Whether a pane's inputs differ from what it last drew; redrawing an unchanged
+        pane would cost layout and paint for nothing."""
+        if self._drawn.get(pane) == signature:
+            return False
+        self._drawn[pane] = signature
+        return True
+
     def _draw(self, main: MainScreen) -> None:
         now = self.clock()
         colours = self.colours()
         state = self.state
+        seen = self._seen
         self.maybe_check_status(now)
         header = main.query_one(RunHeader)
-        if header.display:
-            header.show(self.header_facts(now), colours)
+        facts = self.header_facts(now)
+        if header.display and self._changed("header", (facts, self.theme, header.size)):
+            header.show(facts, colours)
         if self.paused:
             return
         gpus = main.query_one(GpuTable)
-        if gpus.display:
+        if gpus.display and self._changed("gpus", (seen["gpu"], self.theme, gpus.size)):
+            # Layout only when the pane's height can change: another GPU, or none at all.
+            shape = (len(state.gpus), state.gpu_unavailable is None)
             gpus.update(
                 render_gpus(
                     state.gpus, state.gpu_history, colours, unavailable=state.gpu_unavailable
-                )
+                ),
+                layout=self._changed("gpus-shape", shape),
             )
         queue = main.query_one(HsQueuePane)
-        if queue.display:
-            queue.update(render_queue(state.queue, colours, queue.content_size.width))
+        if queue.display and self._changed("queue", (seen["queue"], self.theme, queue.size)):
+            queue.update(
+                render_queue(state.queue, colours, queue.content_size.width),
+                layout=self._changed("queue-shape", state.queue is None),
+            )
         events = main.query_one(EventsLog)
-        if events.display:
-            rejected = sum(state.rejected_lines.values())
+        rejected = sum(state.rejected_lines.values())
+        latest_note = self.notes[-1] if self.notes else None
+        signature = (
+            seen["event"] + seen["checkpoint"] + seen["run_end"],
+            latest_note,
+            len(self.notes),
+            len(self.log_tail),
+            rejected,
+            self.theme,
+            events.size,
+        )
+        if events.display and self._changed("events", signature):
             events.show(self.event_entries(), self.log_tail, colours, rejected)
-        plots_due = now - self._last_plot >= PLOT_EVERY_S or self._plotted_version < 0
-        if self._data_version != self._plotted_version and plots_due:
-            self._plotted_version = self._data_version
-            self._last_plot = now
-            self.draw_plots(main)
+        if now - self._last_plot >= PLOT_EVERY_S or "plots" not in self._drawn:
+            loss = main.query_one(LossPane)
+            toggles = (loss.log_scale, loss.smoothing)
+            sizes = (main.query_one(ThroughputPane).size, loss.size)
+            if self._changed("plots", (seen["step"], toggles, sizes, self.theme)):
+                self._last_plot = now
+                self.draw_plots(main)
+
+    def frame_is_current(self) -> bool:
+        """Every visible pane shows the newest state (the bench's 'complete frame')."""
+        return (
+            self._drawn.get("plots", (None,))[0] == self._seen["step"]
+            and self._drawn.get("gpus", (None,))[0] == self._seen["gpu"]
+        )
 
     def maybe_check_status(self, now: float) -> None:
         state = self.state

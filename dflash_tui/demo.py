@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +20,7 @@ if TYPE_CHECKING:
     from dflash_tui.app import DflashApp
 
 DEMO_SAMPLES = 64
+DEMO_NEW_TOKENS = 96
 # The values the launch form offers, and what the demo launches with: a one-layer drafter
 # and short sequences so 2 CPU cores make visible progress; many epochs so it keeps going.
 DEMO_TRAIN = {
@@ -80,6 +80,11 @@ def prepare_argv(paths: DemoPaths) -> list[str]:
         str(paths.data_dir),
         "--samples",
         str(DEMO_SAMPLES),
+        "--max-new-tokens",
+        str(DEMO_NEW_TOKENS),
+        "--batch-size",
+        "8",
+        "--overwrite",
     ]
 
 
@@ -97,25 +102,34 @@ async def prepare_data(app: DflashApp, paths: DemoPaths) -> bool:
         start_new_session=True,
     )
     assert proc.stderr is not None
-    pending = b""
-    last_shown = 0.0
     tail: list[str] = []
+    shown = ""
+
+    async def show_latest() -> None:
+        # tqdm redraws many times a second; the pane gets the newest line once a second.
+        nonlocal shown
+        while True:
+            await asyncio.sleep(PROGRESS_EVERY_S)
+            if tail and tail[-1] != shown:
+                shown = tail[-1]
+                app.post_message(Note("info", f"prepare: {shown}", key="prepare"))
+
+    ticker = asyncio.create_task(show_latest())
+    pending = b""
     try:
         while chunk := await proc.stderr.read(4096):
             parts = _SPLIT.split(pending + chunk)
             pending = parts.pop()
             for raw in parts:
                 text = raw.decode("utf-8", "replace").strip()
-                if not text:
-                    continue
-                tail = [*tail[-19:], text]
-                if time.monotonic() - last_shown >= PROGRESS_EVERY_S:
-                    last_shown = time.monotonic()
-                    app.post_message(Note("info", f"prepare: {text}", key="prepare"))
+                if text:
+                    tail = [*tail[-19:], text]
         rc = await proc.wait()
     except asyncio.CancelledError:
         proc.terminate()
         raise
+    finally:
+        ticker.cancel()
     if rc != 0:
         app.post_message(Note("error", f"prepare failed (exit {rc}): {' | '.join(tail[-3:])}"))
         return False

@@ -57,4 +57,6 @@ class EventsLog(Static):
         rejected: int,
     ) -> None:
         self.border_subtitle = f"rejected lines: {rejected}" if rejected else ""
-        self.update(render_events(entries, log_tail, colours, rows=self.content_size.height))
+        # A fixed-height pane: its size never depends on the text.
+        rows = self.content_size.height
+        self.update(render_events(entries, log_tail, colours, rows=rows), layout=False)

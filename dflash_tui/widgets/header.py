@@ -46,7 +46,8 @@ class RunHeader(Static):
     DEFAULT_CSS = "RunHeader { height: 2; }"
 
     def show(self, facts: HeaderFacts, colours: dict[str, str]) -> None:
-        self.update(render_header(facts, colours, self.size.width or 120))
+        # Always two lines: no layout pass needed.
+        self.update(render_header(facts, colours, self.size.width or 120), layout=False)
 
 
 def render_header(facts: HeaderFacts, colours: dict[str, str], width: int) -> Text:

@@ -46,11 +46,13 @@ class LossPane(Vertical):
         tau: float | None,
     ) -> None:
         modes = [name for name, on in (("log", self.log_scale), ("smooth", self.smoothing)) if on]
-        self.query_one(".pane-summary", Static).update(
+        summary = (
             f"loss [b]{units.number(loss)}[/b]   acc [b]{units.percent(acc)}[/b]   "
             f"tau [b]{units.number(tau)}[/b]"
             + (f"   [dim]({', '.join(modes)})[/dim]" if modes else "")
         )
+        # One line whatever it says: no layout pass needed.
+        self.query_one(".pane-summary", Static).update(summary, layout=False)
         plot = self.query_one(PlotextPlot)
         plt = plot.plt
         plt.clear_data()

@@ -20,8 +20,10 @@ class ThroughputPane(Vertical):
         yield PlotextPlot()
 
     def show(self, points: Sequence[tuple[float, float]], now: float | None, avg: float | None):
+        # One line whatever it says: no layout pass needed.
         self.query_one(".pane-summary", Static).update(
-            f"Ktok/s now [b]{units.number(now)}[/b]   average [b]{units.number(avg)}[/b]"
+            f"Ktok/s now [b]{units.number(now)}[/b]   average [b]{units.number(avg)}[/b]",
+            layout=False,
         )
         plot = self.query_one(PlotextPlot)
         plt = plot.plt

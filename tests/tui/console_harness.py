@@ -110,5 +110,6 @@ async def attached(
     app, transport = console_app(run_dir, **kwargs)  # type: ignore[arg-type]
     async with app.run_test(size=size) as pilot:
         await wait_until(pilot, lambda: app.state.step == steps - 1)
+        app.request_redraw()
         await pilot.pause()
         yield app, pilot, transport

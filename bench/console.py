@@ -1,0 +1,171 @@
+"""Console performance: attach to a run whose stream holds 200,000 steps (plus matching gpu
+and queue lines) and time the first complete frame; then feed 100 status lines/s for a
+minute and report the console's CPU share and RSS.
+
+    python bench/console.py                       # LocalTransport on this machine
+    python bench/console.py --ssh root@127.0.0.1:22 --known-hosts ~/.ssh/known_hosts
+
+Over SSH the run directory is created on this machine and read through the SSH server, so
+use a loopback server (the trainer's commands must be on its PATH, or pass --python).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dflash_tui.app import ConsoleOptions, DflashApp
+from dflash_tui.sources.transport import LocalTransport, SshTransport, Transport
+from tests.tui.synthetic_stream import write_stream
+
+# A separate process appends lines at a steady rate, so its CPU is not the console's.
+FEEDER = r"""
+import sys, time
+from dflash_train import protocol
+from tests.tui.synthetic_stream import RUN_ID, gpu_fields, queue_fields, step_fields
+path, seq, step = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rate, seconds = float(sys.argv[4]), float(sys.argv[5])
+start = time.monotonic()
+n = 0
+with open(path, "a", buffering=1) as fh:
+    while (elapsed := time.monotonic() - start) < seconds:
+        while n < elapsed * rate:
+            if n % 10 == 0:
+                fh.write(protocol.encode_line("queue", seq=seq, run=RUN_ID, **queue_fields(n)))
+            elif n % 10 == 5:
+                fh.write(protocol.encode_line("gpu", seq=seq, run=RUN_ID, **gpu_fields(n)))
+            else:
+                fields = step_fields(step, 40000, 6)
+                fh.write(protocol.encode_line("step", seq=seq, run=RUN_ID, **fields))
+                step += 1
+            seq += 1
+            n += 1
+        time.sleep(0.01)
+print(n)
+"""
+
+
+def rss_mb(pid: int | str = "self") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def children_cpu_s() -> float:
+    """CPU of our live child processes (the `tail --follow` command), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def make_transport(args: argparse.Namespace) -> Transport:
+    if args.ssh is None:
+        return LocalTransport()
+    user, _, hostport = args.ssh.rpartition("@")
+    host, _, port = hostport.partition(":")
+    return SshTransport(
+        host,
+        port=int(port) if port else None,
+        username=user or None,
+        known_hosts=args.known_hosts or os.path.expanduser("~/.ssh/known_hosts"),
+    )
+
+
+async def bench(args: argparse.Namespace) -> dict[str, float]:
+    root = Path(tempfile.mkdtemp(prefix="dflash-bench-"))
+    run_dir = root / "run"
+    t = time.perf_counter()
+    write_stream(run_dir, args.steps)
+    lines = sum(1 for _ in (run_dir / "status.jsonl").open("rb"))
+    print(
+        f"stream: {args.steps:,} steps, {lines:,} lines, written in {time.perf_counter() - t:.1f} s"
+    )
+
+    options = ConsoleOptions(
+        target_name="bench",
+        run_dir=str(run_dir),
+        python=args.python,
+        follow_gpus=False,
+    )
+    app = DflashApp(make_transport(args), options)
+    results: dict[str, float] = {}
+    started = time.perf_counter()
+    async with app.run_test(size=(160, 48)) as pilot:
+        # First complete frame: the history is in and every pane has drawn it.
+        while not (
+            app.state.step == args.steps - 1
+            and app.frame_is_current()
+            and f"step {args.steps - 1:,}" in str(app.screen.query_one("RunHeader").render())
+        ):
+            await pilot.pause(0.01)
+        results["first_frame_s"] = time.perf_counter() - started
+        results["history_lines"] = float(app.state.lines_applied)
+        print(f"first complete frame: {results['first_frame_s']:.2f} s")
+
+        feeder = subprocess.Popen(
+            [sys.executable, "-c", FEEDER, str(run_dir / "status.jsonl"), str(lines),
+             str(args.steps), str(args.rate), str(args.seconds)],
+            cwd=Path(__file__).resolve().parent.parent,
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        rss = [rss_mb()]
+        cpu0, child0, wall0 = own_cpu_s(), children_cpu_s(), time.perf_counter()
+        while feeder.poll() is None:
+            await pilot.pause(5.0)
+            rss.append(rss_mb())
+            elapsed = time.perf_counter() - wall0
+            print(f"  t={elapsed:5.1f}s rss={rss[-1]:.0f} MB step={app.state.step}")
+        wall = time.perf_counter() - wall0
+        fed = int((feeder.stdout.read() if feeder.stdout else "0").strip() or 0)
+        results["fed_lines"] = float(fed)
+        results["console_cpu_pct"] = 100 * (own_cpu_s() - cpu0) / wall
+        results["tail_cpu_pct"] = 100 * (children_cpu_s() - child0) / wall
+        results["rss_start_mb"] = rss[0]
+        results["rss_max_mb"] = max(rss)
+        results["rss_end_mb"] = rss[-1]
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=200_000)
+    parser.add_argument("--rate", type=float, default=100.0, help="status lines per second")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--ssh", metavar="[user@]host[:port]", default=None)
+    parser.add_argument("--known-hosts", default=None)
+    parser.add_argument("--python", default=sys.executable, help="Python of dflash_train")
+    args = parser.parse_args()
+    results = asyncio.run(bench(args))
+    for key, value in results.items():
+        print(f"{key:>16}: {value:,.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

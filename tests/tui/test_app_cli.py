@@ -1,0 +1,109 @@
+"""The `dflash-tui` command line: help without a connection, destinations, exec prefixes,
+profiles with flags on top, and the themes it ships."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dflash_tui import cli, themes
+from dflash_tui.sources.profiles import LaunchDefaults, Profile, load_config, save_config
+
+FLAGS = ["--run-dir", "/data/runs/r1"]
+
+
+def parse(*argv: str):  # type: ignore[no-untyped-def]
+    args = cli.build_parser().parse_args(list(argv))
+    return args, cli.exec_prefix(args)
+
+
+def test_help_works_without_connecting() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "dflash_tui.cli", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    for flag in ("--container", "--exec-prefix", "--run-dir", "--watch", "--theme", "--jump"):
+        assert flag in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("gpu-box", cli.HostSpec("gpu-box", None, None)),
+        ("root@gpu-box", cli.HostSpec("gpu-box", "root", None)),
+        ("root@10.0.0.5:2222", cli.HostSpec("10.0.0.5", "root", 2222)),
+        ("[::1]:2200", cli.HostSpec("::1", None, 2200)),
+    ],
+)
+def test_destinations(text: str, expected: cli.HostSpec) -> None:
+    assert cli.parse_host(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("box:ssh", "port 'ssh'"), ("box:70000", "1..65535"), ("root@", "no host name")],
+)
+def test_bad_destinations_name_the_problem(text: str, message: str) -> None:
+    with pytest.raises(cli.UsageError, match=message):
+        cli.parse_host(text)
+
+
+def test_container_and_exec_prefix() -> None:
+    assert parse("box", "--container", "200")[1] == ["pct", "exec", "200", "--"]
+    assert parse("box", "--exec-prefix", "docker exec -i 'my trainer'")[1] == [
+        "docker",
+        "exec",
+        "-i",
+        "my trainer",
+    ]
+    with pytest.raises(cli.UsageError, match="numeric container id"):
+        parse("box", "--container", "200; rm -rf /")
+    with pytest.raises(cli.UsageError, match="cannot split"):
+        parse("box", "--exec-prefix", "docker 'open")
+
+
+def test_container_and_exec_prefix_exclude_each_other() -> None:
+    with pytest.raises(SystemExit):
+        parse("box", "--container", "200", "--exec-prefix", "docker exec x")
+
+
+def test_profile_with_flags_on_top(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "config.toml"
+    monkeypatch.setenv("DFLASH_CONFIG", str(config))
+    launch = LaunchDefaults(target_model="Qwen/Qwen3-8B", epochs=6, max_length=4096)
+    box = Profile("box", host="gpu-box", container="200", run_dir="/r", launch=launch)
+    save_config(load_config(config).__class__({"box": box}), config)
+    args, prefix = parse("box", "--watch", "--theme", "dflash-light")
+    profile = cli.choose_profile(args, prefix)
+    assert (profile.host, profile.command_prefix(), profile.run_dir) == (
+        "gpu-box",
+        ("pct", "exec", "200", "--"),
+        "/r",
+    )
+    assert profile.watch and profile.theme == "dflash-light"
+    form = cli.form_defaults(profile.launch)
+    assert form["target_model"] == "Qwen/Qwen3-8B" and form["epochs"] == "6"
+    assert form["extra"] == "--max-length 4096"
+    args, prefix = parse("root@other:2222", "--exec-prefix", "docker exec t", *FLAGS)
+    adhoc = cli.choose_profile(args, prefix)
+    assert (adhoc.host, adhoc.user, adhoc.port) == ("other", "root", 2222)
+    assert adhoc.command_prefix() == ("docker", "exec", "t") and adhoc.run_dir == "/data/runs/r1"
+
+
+def test_unknown_theme_file_keys_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "bad.toml").write_text('name = "x"\nprimary = "#fff"\nsparkle = true\n')
+    with pytest.raises(themes.ThemeFileError, match="sparkle"):
+        themes.load_themes(tmp_path)
+
+
+def test_shipped_themes() -> None:
+    names = [t.name for t in themes.load_themes()]
+    assert names == ["dflash-dark", "dflash-high-contrast", "dflash-light"]
+    assert themes.themes_dir().name == "themes"
