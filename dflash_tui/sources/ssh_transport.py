@@ -116,12 +116,15 @@ class SshTransport:
         so they are checked against the same known_hosts and refused keys name the hop."""
         if self.jump is not None or self._config is None:
             return self.jump
-        resolved = await asyncssh.SSHClientConnectionOptions.construct(
-            host=self.host,
-            port=self.port or (),
-            config=() if self._config is DEFAULT else [str(self._config)],
-            known_hosts=None,
-        )
+        try:
+            resolved = await asyncssh.SSHClientConnectionOptions.construct(
+                host=self.host,
+                port=self.port or (),
+                config=() if self._config is DEFAULT else [str(self._config)],
+                known_hosts=None,
+            )
+        except (ValueError, OSError) as exc:
+            raise DestinationRefused(f"ssh_config for {self.host}: {exc}") from exc
         tunnel = resolved.tunnel
         if not isinstance(tunnel, str) or tunnel.lower() == "none":
             return None
@@ -147,6 +150,9 @@ class SshTransport:
             raise await self._unknown_key(host, port, tunnel, options) from exc
         except asyncssh.PermissionDenied as exc:
             raise AuthenticationFailed(f"{who}: login refused: {exc.reason}") from exc
+        except ValueError as exc:
+            # asyncssh's word for a bad option or ssh_config entry: retrying cannot help.
+            raise DestinationRefused(f"{who}: {exc}") from exc
         except (*SSH_ERRORS, asyncio.TimeoutError) as exc:
             raise TransportError(f"{who}: cannot connect: {exc or type(exc).__name__}") from exc
 

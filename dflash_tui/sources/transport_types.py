@@ -69,7 +69,8 @@ class AuthenticationFailed(TransportError):
 
 
 class DestinationRefused(TransportError):
-    """ssh_config names a destination we will not pass on (see destination.py)."""
+    """The destination or its ssh_config entry cannot be used (a bad option, or a name
+    we will not pass on: see destination.py). Final: retrying cannot help."""
 
     retryable = False
 

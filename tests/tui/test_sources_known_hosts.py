@@ -70,3 +70,12 @@ async def test_a_proxyjump_with_shell_characters_is_refused(tmp_path: Path) -> N
     with pytest.raises(DestinationRefused, match="ProxyJump") as info:
         await transport.connect()
     assert not info.value.retryable
+
+
+async def test_a_broken_ssh_config_is_a_final_error(tmp_path: Path) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text("Host box\n  Port notanumber\n")
+    transport = SshTransport("box", known_hosts=tmp_path / "kh", config_path=config)
+    with pytest.raises(DestinationRefused) as info:
+        await transport.connect()
+    assert not info.value.retryable and "box" in str(info.value)
