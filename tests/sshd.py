@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import getpass
 import os
 import signal
 import socket
@@ -19,6 +20,8 @@ from pathlib import Path
 import asyncssh
 
 LOOPBACK = "127.0.0.1"
+# Both servers log in whoever runs the tests (root in CI, per SSH.md).
+LOGIN = getpass.getuser()
 SSHD = "/usr/sbin/sshd"
 TAG_VAR = "DFLASH_TEST_SSH_TAG"
 
@@ -242,7 +245,9 @@ class OpenSshServer:
         return self.directory / "sshd.log"
 
     def start(self, authorized: ClientKey) -> None:
-        Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+        # sshd's privilege-separation directory; only root needs (and may create) it.
+        with contextlib.suppress(PermissionError):
+            Path("/run/sshd").mkdir(parents=True, exist_ok=True)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.host_key = asyncssh.generate_private_key("ssh-ed25519")
         host_key_path = self.directory / "ssh_host_ed25519_key"

@@ -21,6 +21,7 @@ from dflash_tui.sources.session import ConnectionState, Session
 from dflash_tui.sources.state import RunState
 from dflash_tui.sources.transport import SshTransport
 from tests.sshd import (
+    LOGIN,
     LOOPBACK,
     ClientKey,
     InProcessServer,
@@ -89,7 +90,7 @@ def transport_to(
     return SshTransport(
         LOOPBACK,
         port=port,
-        username="root",
+        username=LOGIN,
         exec_prefix=exec_prefix,
         jump=jump,
         known_hosts=known_hosts,

@@ -20,7 +20,7 @@ from dflash_tui.sources.transport import (
     SshTransport,
     TransportError,
 )
-from tests.sshd import LOOPBACK, ClientKey, InProcessServer, OpenSshServer, make_client_key
+from tests.sshd import LOGIN, LOOPBACK, ClientKey, InProcessServer, OpenSshServer, make_client_key
 from tests.tui.conftest import PCT_PREFIX, server_key, transport_to, trusted_known_hosts
 
 Server = InProcessServer | OpenSshServer
@@ -176,7 +176,7 @@ async def test_ssh_config_alias_and_identity_file(
     config = tmp_path / "ssh_config"
     config.write_text(
         f"Host gpubox\n  HostName {LOOPBACK}\n  Port {openssh_server.port}\n"
-        f"  User root\n  IdentityFile {client_key.private_path}\n"
+        f"  User {LOGIN}\n  IdentityFile {client_key.private_path}\n"
     )
     known = tmp_path / "known_hosts"
     transport = SshTransport(
@@ -205,9 +205,9 @@ async def test_jump_host(
         inproc_server.port,
         client_key,
         known,
-        jump=f"root@{LOOPBACK}:{openssh_server.port}",
+        jump=f"{LOGIN}@{LOOPBACK}:{openssh_server.port}",
     )
-    assert "via root@" in transport.description
+    assert f"via {LOGIN}@" in transport.description
     assert (await transport.run(["echo", "hop"], timeout=20)).stdout == b"hop\n"
     assert inproc_server.received() == [shlex.join([*PCT_PREFIX, "echo", "hop"])]
     await transport.close()
@@ -222,9 +222,9 @@ async def test_proxyjump_from_ssh_config_is_checked_against_our_known_hosts(
     config = tmp_path / "ssh_config"
     config.write_text(
         f"Host box\n  HostName {LOOPBACK}\n  Port {inproc_server.port}\n"
-        f"  ProxyJump root@{LOOPBACK}:{openssh_server.port}\n"
+        f"  ProxyJump {LOGIN}@{LOOPBACK}:{openssh_server.port}\n"
         # The hop is looked up in the config too, as OpenSSH does.
-        f"Host *\n  User root\n  IdentityFile {client_key.private_path}\n"
+        f"Host *\n  User {LOGIN}\n  IdentityFile {client_key.private_path}\n"
     )
     known = trusted_known_hosts(
         tmp_path / "known_hosts", inproc_server.port, server_key(inproc_server)
