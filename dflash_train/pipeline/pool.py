@@ -43,6 +43,7 @@ class HiddenStatePool(Generic[T]):
         self._items: list[tuple[T, str]] = []
         self._depth = depth
         self._min_ready = min_ready
+        self._seed = seed
         self._rng = random.Random(seed)
         self._cond = threading.Condition()
         self._draining = False
@@ -76,10 +77,10 @@ class HiddenStatePool(Generic[T]):
             self._cond.notify_all()
 
     # -- epoch boundaries ------------------------------------------------------------
-    def start_epoch(self, seed: int) -> None:
+    def start_epoch(self, epoch: int) -> None:
         with self._cond:
             self._draining = False
-            self._rng.seed(seed)
+            self._rng.seed(self._seed * 1_000_003 + epoch)
 
     def finish_epoch(self) -> None:
         """Producers are done with this epoch: hand out what is left regardless of min_ready."""

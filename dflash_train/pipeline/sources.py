@@ -127,7 +127,7 @@ class AsyncSource:
         self._threads: list[threading.Thread] = []
 
     def batches(self, plan: EpochPlan, should_stop: Callable[[], bool]) -> Iterator[HiddenBatch]:
-        self.pool.start_epoch(seed=plan.epoch)
+        self.pool.start_epoch(plan.epoch)
         # Two loaded batches per worker keep them busy without holding much host memory.
         inbox: queue.Queue[LoadedBatch | None] = queue.Queue(maxsize=2 * len(self.targets))
         finished = FinishCounter(len(self.targets))

@@ -55,14 +55,14 @@ def test_put_blocks_when_full_and_counts_producer_wait() -> None:
 
 def test_finish_epoch_drains_below_min_ready_then_ends() -> None:
     pool: HiddenStatePool[int] = HiddenStatePool(depth=8, min_ready=8)
-    pool.start_epoch(seed=0)
+    pool.start_epoch(0)
     for i in range(3):
         pool.put(i, bucket=str(i % 2))
     assert pool.stats().bucket_mix == {"0": 2, "1": 1}
     pool.finish_epoch()
     assert sorted([pool.take(), pool.take(), pool.take()]) == [0, 1, 2]  # type: ignore[type-var]
     assert pool.take() is None
-    pool.start_epoch(seed=1)
+    pool.start_epoch(1)
     pool.put(5)
     assert _take_within(pool, 0.3) is None  # a new epoch: min_ready applies again
 
