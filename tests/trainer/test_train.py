@@ -189,3 +189,30 @@ def test_non_finite_steps_stop_the_run_and_keep_the_last_good_checkpoint(
 
     drafter = load_drafter(latest_checkpoint(run_dir / "checkpoints"))  # type: ignore[arg-type]
     assert all(p.isfinite().all() for p in drafter.parameters())
+
+
+def test_sigterm_during_start_up_ends_cleanly_without_a_checkpoint(
+    tmp_path: Path, prepared_data_dir: Path
+) -> None:
+    import time
+
+    run_dir = tmp_path / "run"
+    log = tmp_path / "train.log"
+    proc = start_train(train_argv("random:tiny", prepared_data_dir, run_dir), log)
+    try:
+        deadline = time.monotonic() + 60
+        while not lock_is_held(run_dir / "run.lock"):  # the lock is the first thing taken
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGTERM)  # still importing torch / loading the target
+        assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = status_lines(run_dir)
+    assert [line.kind for line in lines if line.kind != "queue" and line.kind != "gpu"] == [
+        "run_start",
+        "run_end",
+    ]
+    assert lines[-1]["reason"] == "signal" and lines[-1]["step"] == 0
+    assert not (run_dir / "checkpoints").exists()
