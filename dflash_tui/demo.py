@@ -105,17 +105,20 @@ async def prepare_data(app: DflashApp, paths: DemoPaths) -> bool:
     tail: list[str] = []
     shown = ""
 
+    pending = b""
+
     async def show_latest() -> None:
-        # tqdm redraws many times a second; the pane gets the newest line once a second.
+        # tqdm redraws many times a second; the pane gets the newest state once a second.
+        # A bar's current state is the text after its last \r, not yet ended by another.
         nonlocal shown
         while True:
             await asyncio.sleep(PROGRESS_EVERY_S)
-            if tail and tail[-1] != shown:
-                shown = tail[-1]
+            current = pending.decode("utf-8", "replace").strip() or (tail[-1] if tail else "")
+            if current and current != shown:
+                shown = current
                 app.post_message(Note("info", f"prepare: {shown}", key="prepare"))
 
     ticker = asyncio.create_task(show_latest())
-    pending = b""
     try:
         while chunk := await proc.stderr.read(4096):
             parts = _SPLIT.split(pending + chunk)

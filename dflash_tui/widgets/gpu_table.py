@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import RenderableType
-from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
@@ -42,50 +41,45 @@ def render_gpus(
         return Text(f"no GPU readings: {unavailable}", style=colours["warning"])
     if not gpus:
         return Text("waiting for the first GPU reading…", style="dim")
-    table = Table(box=None, expand=True, padding=(0, 1), header_style="bold")
-    for name, justify in (
-        ("gpu", "right"),
-        ("role", "left"),
-        ("util", "left"),
-        ("history", "left"),
-        ("power W", "right"),
-        ("temp", "right"),
-        ("mem GiB", "right"),
-    ):
-        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    # Plain padded text rather than a rich Table: this pane redraws every monitor tick and
+    # a Table's measuring pass costs several times more.
+    lines = [Text(HEADER, style="bold", no_wrap=True)]
     for gpu in gpus:
         util = gpu.get("util")
         util_style = colours[level(util, 70, 30, low_is_bad=True)]
         power, limit = gpu.get("power_w"), gpu.get("power_limit_w")
-        power_style = colours[level(_ratio(power, limit), 0.9, 0.98)]
         temp = gpu.get("temp_c")
         mem_used, mem_total = gpu.get("mem_used"), gpu.get("mem_total")
-        mem_style = colours[level(_ratio(mem_used, mem_total), 0.85, 0.95)]
-        role = str(gpu.get("role", "?"))
-        table.add_row(
-            str(gpu["index"]),
-            Text(role, style=colours["primary"] if role == "drafter" else ""),
-            Text(
-                f"{units.bar(None if util is None else util / 100, 10)} "
-                f"{'–' if util is None else f'{util:3.0f}%'}",
-                style=util_style,
-            ),
-            Text(
-                units.sparkline(list(history.get(gpu["index"], ())), HISTORY_WIDTH),
-                style=util_style,
-            ),
-            Text(
-                f"{'–' if power is None else f'{power:.0f}'}/"
-                f"{'–' if limit is None else f'{limit:.0f}'}",
-                style=power_style,
-            ),
-            Text("–" if temp is None else f"{temp:.0f}°C", style=colours[level(temp, 75, 85)]),
-            Text(
-                f"{units.mib_as_gib(mem_used)}/{units.mib_as_gib(mem_total)}",
-                style=mem_style,
-            ),
+        role = str(gpu.get("role") or "–")
+        util_text = "   –" if util is None else f"{util:3.0f}%"
+        watts = f"{_num(power)}/{_num(limit)}"
+        memory = f"{units.mib_as_gib(mem_used)}/{units.mib_as_gib(mem_total)}"
+        line = Text(no_wrap=True, overflow="ellipsis")
+        line.append(f"{gpu['index']:>3}  ")
+        line.append(f"{role:<8} ", style=colours["primary"] if role == "drafter" else "")
+        line.append(
+            f"{units.bar(None if util is None else util / 100, 10)} {util_text}  ", style=util_style
         )
-    return table
+        history_text = units.sparkline(list(history.get(gpu["index"], ())), HISTORY_WIDTH)
+        line.append(history_text + "  ", style=util_style)
+        line.append(f"{watts:>9}  ", style=colours[level(_ratio(power, limit), 0.9, 0.98)])
+        line.append(
+            f"{_num(temp) + '°C' if temp is not None else '–':>5}  ",
+            style=colours[level(temp, 75, 85)],
+        )
+        line.append(f"{memory:>13}", style=colours[level(_ratio(mem_used, mem_total), 0.85, 0.95)])
+        lines.append(line)
+    return Text("\n").join(lines)
+
+
+def _num(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0f}"
+
+
+HEADER = (
+    f"{'gpu':>3}  {'role':<8} {'util':<16}  {'history':<{HISTORY_WIDTH}}  {'power W':>9}  "
+    f"{'temp':>5}  {'mem GiB':>13}"
+)
 
 
 class GpuTable(Static):

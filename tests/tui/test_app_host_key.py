@@ -1,0 +1,59 @@
+"""An unknown host key: the console shows its fingerprint and connects only after an
+explicit yes, which appends the key to known_hosts; a no writes nothing."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from dflash_tui.app import ConsoleOptions, DflashApp
+from dflash_tui.screens.host_key_prompt import HostKeyPrompt
+from dflash_tui.sources.known_hosts import fingerprint, host_is_listed
+from tests.sshd import LOOPBACK, ClientKey, InProcessServer
+from tests.tui.conftest import transport_to
+from tests.tui.console_harness import make_run_dir, wait_until
+
+
+def ssh_console(server: InProcessServer, key: ClientKey, known: Path, run_dir: Path) -> DflashApp:
+    transport = transport_to(server.port, key, known)
+    options = ConsoleOptions(
+        target_name=transport.description,
+        run_dir=str(run_dir),
+        python=sys.executable,
+        follow_gpus=False,
+    )
+    return DflashApp(transport, options)
+
+
+async def test_trust_on_explicit_yes_then_follow(
+    inproc_server: InProcessServer, client_key: ClientKey, tmp_path: Path
+) -> None:
+    known = tmp_path / "known_hosts"
+    run_dir = make_run_dir(tmp_path)
+    app = ssh_console(inproc_server, client_key, known, run_dir)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_until(pilot, lambda: isinstance(app.screen, HostKeyPrompt))
+        prompt = app.screen
+        assert isinstance(prompt, HostKeyPrompt)
+        assert prompt.fingerprint == fingerprint(inproc_server.host_key)
+        assert not known.exists()  # nothing written before the answer
+        await pilot.click("#trust")
+        await wait_until(pilot, lambda: app.state.step == 299)
+        assert host_is_listed(known, LOOPBACK, inproc_server.port)
+        assert app.connection == "connected"
+
+
+async def test_refusing_writes_nothing(
+    inproc_server: InProcessServer, client_key: ClientKey, tmp_path: Path
+) -> None:
+    known = tmp_path / "known_hosts"
+    app = ssh_console(inproc_server, client_key, known, make_run_dir(tmp_path))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_until(pilot, lambda: isinstance(app.screen, HostKeyPrompt))
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, HostKeyPrompt)
+        assert any("refused" in n.text for n in app.notes)
+        assert app.state.step is None
+    assert not known.exists()
+    assert inproc_server.commands == []  # the host was never trusted, so nothing ran
