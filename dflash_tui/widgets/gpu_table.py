@@ -77,7 +77,7 @@ def _num(value: float | None) -> str:
 
 
 HEADER = (
-    f"{'gpu':>3}  {'role':<8} {'util':<16}  {'history':<{HISTORY_WIDTH}}  {'power W':>9}  "
+    f"{'gpu':>3}  {'role':<8} {'util':<15}  {'history':<{HISTORY_WIDTH}}  {'power W':>9}  "
     f"{'temp':>5}  {'mem GiB':>13}"
 )
 
