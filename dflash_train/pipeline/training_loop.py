@@ -23,6 +23,8 @@ def run_epochs(run: TrainingRun) -> str:
     """Returns the run_end reason: completed, signal or error."""
     args = run.args
     assert run.source is not None and run.monitor is not None
+    if run.step >= run.total_steps:  # resumed from the run's last checkpoint: nothing left
+        return _finish(run, "completed")
     for epoch in range(run.epoch, args.epochs):
         if run.epoch != epoch:
             run.epoch, run.consumed = epoch, set()
