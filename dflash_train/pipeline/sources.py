@@ -150,15 +150,22 @@ class AsyncSource:
         self._threads = [loader, *workers]
         for thread in self._threads:
             thread.start()
-        stopped = lambda: self._stop.is_set() or should_stop()  # noqa: E731
+
+        def stopped() -> bool:
+            return self._stop.is_set() or should_stop()
+
+        drained = False
         try:
             while True:
                 item = self.pool.take(stopped)
                 if item is None:
+                    drained = not stopped()
                     break
                 yield item
         finally:
-            if stopped() or any(t.is_alive() for t in workers):
+            # Drained: every thread is past its last put and ends by itself. Anything else
+            # (a stop, an error, the consumer leaving early) must wake blocked threads.
+            if not drained:
                 self._shutdown(inbox)
             self._join()
 
