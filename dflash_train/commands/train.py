@@ -55,8 +55,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--run-id", default=None, help="default: $DFLASH_RUN_ID or a fresh id")
     run.add_argument("--resume-from", default=None, metavar="PATH|latest")
     run.add_argument("--pipeline", choices=("sync", "async"), default="async")
-    run.add_argument("--target-gpus", type=device_list, default=None, metavar="cpu|0,1,...")
-    run.add_argument("--drafter-gpus", type=device_list, default=None, metavar="cpu|5,6,...")
+    run.add_argument(
+        "--target-gpus",
+        type=device_list,
+        default=None,
+        metavar="cpu|0,1,...",
+        help="one target replica and worker per entry (default: the drafter devices)",
+    )
+    run.add_argument(
+        "--drafter-gpus",
+        type=device_list,
+        default=None,
+        metavar="cpu|5,6,...",
+        help="one rank per entry, DDP when several (default: GPU 0, else cpu)",
+    )
     run.add_argument(
         "--hs-queue-depth", type=_positive, default=None, help="default 8 (live setting)"
     )
@@ -92,9 +104,8 @@ def check_args(args: argparse.Namespace) -> str | None:
         return f"--warmup-ratio: {args.warmup_ratio} is outside 0..1"
     if args.lr <= 0:
         return f"--lr: must be positive, got {args.lr}"
-    current = {k: v for k, v in settings_from_args(args).items()}
     try:
-        protocol.validate_settings(current, {})
+        protocol.validate_settings(settings_from_args(args), {})
     except protocol.SettingError as exc:
         return str(exc)
     return None
