@@ -19,8 +19,9 @@ from dflash_tui.messages import ControlDone, Note
 if TYPE_CHECKING:
     from dflash_tui.app import DflashApp
 
-DEMO_SAMPLES = 64
-DEMO_NEW_TOKENS = 96
+# Small enough to prepare in a couple of minutes on two CPU cores.
+DEMO_SAMPLES = 24
+DEMO_NEW_TOKENS = 64
 # The values the launch form offers, and what the demo launches with: a one-layer drafter
 # and short sequences so 2 CPU cores make visible progress; many epochs so it keeps going.
 DEMO_TRAIN = {
@@ -34,7 +35,7 @@ DEMO_TRAIN = {
     "hs_min_ready": "2",
     "max_steps": "",
     "extra": "--draft-layers 1 --max-length 256 --block-size 8 --num-anchors 8 "
-    "--save-every 200 --keep-checkpoints 2",
+    "--tokens-per-batch 768 --num-buckets 2 --save-every 100 --keep-checkpoints 2",
 }
 PROGRESS_EVERY_S = 1.0
 _SPLIT = re.compile(rb"[\r\n]+")
@@ -83,7 +84,7 @@ def prepare_argv(paths: DemoPaths) -> list[str]:
         "--max-new-tokens",
         str(DEMO_NEW_TOKENS),
         "--batch-size",
-        "8",
+        "12",
         "--overwrite",
     ]
 
