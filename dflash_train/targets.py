@@ -227,6 +227,17 @@ def load_target(spec: str, device: str | torch.device, dtype: torch.dtype) -> Ta
     )
 
 
+DEFAULT_CONTEXT_LAYERS = 5
+
+
+def context_layer_count(num_layers: int, requested: int | None) -> int:
+    """k for target_layer_ids: the request, or 5 (the DFlash recipe) capped at what a small
+    target can give (k distinct ids need L-3 >= k)."""
+    if requested is not None:
+        return requested
+    return max(1, min(DEFAULT_CONTEXT_LAYERS, num_layers - 3))
+
+
 def target_layer_ids(num_layers: int, k: int) -> list[int]:
     """DFLASH.md: k ids spread from layer 1 to layer L-3; a single id is L//2."""
     if k < 1:

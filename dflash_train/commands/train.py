@@ -90,7 +90,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--block-size", type=_positive, default=16)
     model.add_argument("--num-anchors", type=_positive, default=512)
     model.add_argument("--draft-layers", type=_positive, default=5)
-    model.add_argument("--target-layers", type=_positive, default=5, help="k context layers")
+    model.add_argument(
+        "--target-layers",
+        type=_positive,
+        default=None,
+        help="k context layers (default 5, fewer when the target is too shallow)",
+    )
     model.add_argument("--max-length", type=_positive, default=2048)
     model.add_argument("--tokens-per-batch", type=_positive, default=16384)
     model.add_argument("--num-buckets", type=_positive, default=8)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from dflash_train.rundir import RunDir
+from dflash_train.targets import context_layer_count, target_layer_ids
 
 # Bytes per drafter parameter in a checkpoint: fp32 weights plus AdamW's two moments.
 CHECKPOINT_BYTES_PER_PARAM = 12
@@ -205,6 +206,11 @@ def run_preflight(
     """All checks in the order an operator fixes them; raises PreflightError."""
     args = parse_train_args(run_dir, train_args)
     target = check_target(args.target_model)
+    context_layers = context_layer_count(target.num_layers, args.target_layers)
+    try:
+        target_layer_ids(target.num_layers, context_layers)
+    except ValueError as exc:
+        raise PreflightError("bad_train_args", f"--target-layers: {exc}") from None
     check_data_dir(args.data_dir)
     check_gpus(
         gpu_indices([*(args.target_gpus or []), *(args.drafter_gpus or [])]),
@@ -212,7 +218,7 @@ def run_preflight(
     )
     check_output_dir(run_dir)
     if min_free_bytes is None:
-        estimate = checkpoint_estimate(target.hidden_size, args.draft_layers, args.target_layers)
+        estimate = checkpoint_estimate(target.hidden_size, args.draft_layers, context_layers)
         min_free_bytes = max(MIN_FREE_BYTES, int(estimate * CHECKPOINT_HEADROOM))
     check_disk(run_dir, min_free_bytes)
     return args

@@ -176,13 +176,14 @@ class TrainingRun:
     def _build_stepper(self) -> None:
         from dflash_train.drafter import DFlashDrafter, drafter_config_for_target
         from dflash_train.pipeline.drafter_step import DrafterStepper, StepConfig
+        from dflash_train.targets import context_layer_count
 
         args = self.args
         config = drafter_config_for_target(
             self.targets[0],
             num_layers=args.draft_layers,
             block_size=args.block_size,
-            num_context_layers=args.target_layers,
+            num_context_layers=context_layer_count(self.targets[0].num_layers, args.target_layers),
         )
         self.layer_ids = list(config.target_layer_ids)
         self.drafter = DFlashDrafter(config).to(self.device)

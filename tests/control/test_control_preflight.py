@@ -53,6 +53,7 @@ def data(tmp_path: Path) -> Path:
         (("--lr", "-1"), "bad_train_args", "--lr"),
         (("--hs-queue-depth", "4", "--hs-min-ready", "9"), "bad_train_args", "hs_min_ready"),
         (("--no-such-option", "1"), "bad_train_args", "--no-such-option"),
+        (("--target-model", "random:tiny", "--target-layers", "5"), "bad_train_args", "6 layers"),
     ],
 )
 def test_refused_with_a_named_reason(

@@ -221,3 +221,13 @@ def test_concurrent_first_use_waits_for_one_conversion(
     assert sorted(p.name for p in dest.parent.iterdir()) == sorted(
         [dest.name, f".{dest.name}.lock"]
     )
+
+
+def test_context_layer_count_defaults_to_five_capped_by_depth() -> None:
+    from dflash_train.targets import context_layer_count
+
+    assert context_layer_count(36, None) == 5
+    assert context_layer_count(6, None) == 3  # random:tiny: 5 ids would not fit
+    assert context_layer_count(4, None) == 1
+    assert context_layer_count(36, 2) == 2
+    assert len(set(target_layer_ids(6, context_layer_count(6, None)))) == 3
