@@ -21,24 +21,18 @@ from dflash_train import protocol
 from dflash_train.protocol import Reply, StatusLine
 from dflash_tui import keymap, themes
 from dflash_tui.messages import ControlDone, LogTail, Note
+from dflash_tui.pane_refresh import PaneRefresh
 from dflash_tui.screens.host_key_prompt import HostKeyPrompt
 from dflash_tui.screens.main import MainScreen
 from dflash_tui.screens.reply import ReplyDialog
 from dflash_tui.screens.restart_dialog import RestartRequest
 from dflash_tui.sources.known_hosts import trust_host_key
 from dflash_tui.sources.session import ConnectionState, InputError, ReadOnlyError, Session
-from dflash_tui.sources.state import EventRecord, RunState
+from dflash_tui.sources.state import RunState
 from dflash_tui.sources.transport import HostKeyUnknown, Transport
-from dflash_tui.widgets.events_log import EventEntry, EventsLog
-from dflash_tui.widgets.gpu_table import GpuTable, render_gpus
-from dflash_tui.widgets.header import HeaderFacts, RunHeader
-from dflash_tui.widgets.hs_queue import HsQueuePane, render_queue
-from dflash_tui.widgets.loss_plot import LossPane
-from dflash_tui.widgets.throughput_plot import ThroughputPane
+from dflash_tui.widgets.events_log import EventEntry
 
 REFRESH_HZ = 2.0
-# Plots cost the most to draw; they follow new data at most this often.
-PLOT_EVERY_S = 2.0
 NOTES_KEPT = 200
 # How often a silent or crashed run is checked with `dflash-train status`.
 STATUS_EVERY_S = 30.0
@@ -88,10 +82,9 @@ class DflashApp(App[None]):
         self.log_tail: list[str] = []
         self.log_tail_run: str | None = None
         self._last_status_check = -math.inf
-        # Lines seen per kind, and what each pane last drew: panes redraw only on change.
-        self._seen: Counter[str] = Counter()
-        self._drawn: dict[str, object] = {}
-        self._last_plot = -math.inf
+        # Lines seen per kind: the panes redraw only when what they show has changed.
+        self.seen: Counter[str] = Counter()
+        self.panes = PaneRefresh()
         self.last_control: Worker[None] | None = None
         self.theme_names: list[str] = []
 
@@ -171,14 +164,14 @@ class DflashApp(App[None]):
 
     def _on_line(self, line: StatusLine) -> None:
         self.state.apply(line)
-        self._seen[line.kind] += 1
+        self.seen[line.kind] += 1
 
     def _on_gpu_line(self, line: StatusLine) -> None:
         # `gpus --follow` readings fill the pane only while no trainer reports its own
         # (the trainer's lines carry each GPU's role in the run).
         if self.state.run_state not in ("running", "stalled"):
             self.state.apply_gpu_reading(line)
-            self._seen["gpu"] += 1
+            self.seen["gpu"] += 1
 
     def _on_connection(self, state: ConnectionState) -> None:
         self.connection = state.status
@@ -292,7 +285,7 @@ class DflashApp(App[None]):
         self.request_redraw()
 
     def request_redraw(self) -> None:
-        self._drawn.clear()
+        self.panes.invalidate()
         self.call_later(self.redraw)
 
     def launch_defaults(self) -> dict[str, str]:
@@ -336,83 +329,23 @@ class DflashApp(App[None]):
         return {name: variables.get(name, "") for name in names}
 
     def badge(self) -> str:
-        if self.connection not in ("connected", "live"):
+        if self.connection != "connected":
             return self.connection
         return self.state.run_state
+
+    def frame_is_current(self) -> bool:
+        return self.panes.frame_is_current(self)
 
     def redraw(self) -> None:
         main = self.main_screen()
         if main is None or not main.is_attached or self._exit:
             return
+        now = self.clock()
+        self.maybe_check_status(now)
         try:
-            self._draw(main)
+            self.panes.paint(self, main, now)
         except NoMatches:
             return  # the screen is being torn down under us (the app is leaving)
-
-    def _changed(self, pane: str, signature: object) -> bool:
-        """Whether a pane's inputs differ from what it last drew; redrawing an unchanged
-        pane would cost layout and paint for nothing."""
-        if self._drawn.get(pane) == signature:
-            return False
-        self._drawn[pane] = signature
-        return True
-
-    def _draw(self, main: MainScreen) -> None:
-        now = self.clock()
-        colours = self.colours()
-        state = self.state
-        seen = self._seen
-        self.maybe_check_status(now)
-        header = main.query_one(RunHeader)
-        facts = self.header_facts(now)
-        if header.display and self._changed("header", (facts, self.theme, header.size)):
-            header.show(facts, colours)
-        if self.paused:
-            return
-        gpus = main.query_one(GpuTable)
-        if gpus.display and self._changed("gpus", (seen["gpu"], self.theme, gpus.size)):
-            # Layout only when the pane's height can change: another GPU, or none at all.
-            shape = (len(state.gpus), state.gpu_unavailable is None)
-            gpus.update(
-                render_gpus(
-                    state.gpus, state.gpu_history, colours, unavailable=state.gpu_unavailable
-                ),
-                layout=self._changed("gpus-shape", shape),
-            )
-        queue = main.query_one(HsQueuePane)
-        if queue.display and self._changed("queue", (seen["queue"], self.theme, queue.size)):
-            queue.update(
-                render_queue(state.queue, colours, queue.content_size.width),
-                layout=self._changed("queue-shape", state.queue is None),
-            )
-        events = main.query_one(EventsLog)
-        rejected = sum(state.rejected_lines.values())
-        latest_note = self.notes[-1] if self.notes else None
-        signature = (
-            seen["event"] + seen["checkpoint"] + seen["run_end"],
-            latest_note,
-            len(self.notes),
-            len(self.log_tail),
-            rejected,
-            self.theme,
-            events.size,
-        )
-        if events.display and self._changed("events", signature):
-            events.show(self.event_entries(), self.log_tail, colours, rejected)
-        if now - self._last_plot >= PLOT_EVERY_S or "plots" not in self._drawn:
-            loss = main.query_one(LossPane)
-            toggles = (loss.log_scale, loss.smoothing)
-            sizes = (main.query_one(ThroughputPane).size, loss.size)
-            if self._changed("plots", (seen["step"], toggles, sizes, self.theme)):
-                self._last_plot = now
-                self.draw_plots(main)
-
-    def frame_is_current(self) -> bool:
-        """Every visible pane shows the newest state (the bench's 'complete frame')."""
-        return (
-            self._drawn.get("plots", (None,))[0] == self._seen["step"]
-            and self._drawn.get("gpus", (None,))[0] == self._seen["gpu"]
-        )
 
     def maybe_check_status(self, now: float) -> None:
         state = self.state
@@ -422,55 +355,3 @@ class DflashApp(App[None]):
             return
         self._last_status_check = now
         self.check_status()
-
-    def draw_plots(self, main: MainScreen) -> None:
-        state = self.state
-        throughput = main.query_one(ThroughputPane)
-        if throughput.display:
-            width = max(throughput.content_size.width, 20)
-            throughput.show(
-                state.series("ktok_s", width), state.latest("ktok_s"), state.average_ktok_s()
-            )
-        loss = main.query_one(LossPane)
-        if loss.display:
-            width = max(loss.content_size.width, 20)
-            loss.show(
-                state.series("loss", width),
-                state.latest("loss"),
-                state.latest("acc"),
-                state.latest("tau"),
-            )
-
-    def header_facts(self, now: float) -> HeaderFacts:
-        state = self.state
-        return HeaderFacts(
-            target=self.target_name,
-            run_dir=self.run_dir,
-            run_id=state.run_id,
-            badge=self.badge(),
-            read_only=self.read_only,
-            paused=self.paused,
-            epoch=state.epoch,
-            epochs=state.epochs,
-            epoch_fraction=state.epoch_progress,
-            step=state.step,
-            total_steps=state.total_steps,
-            eta_s=state.eta_s,
-            age_s=state.last_line_age(now),
-        )
-
-    def event_entries(self) -> list[EventEntry]:
-        from_run = [entry for line in self.state.events if (entry := run_event(line))]
-        return sorted([*from_run, *self.notes], key=lambda e: e.t)
-
-
-def run_event(record: EventRecord) -> EventEntry | None:
-    """How a stream event reads in the events pane (None: not worth a row)."""
-    if record.code == "history_end":
-        return None
-    text = (
-        record.text
-        if record.code in ("checkpoint", "run_end")
-        else f"{record.text} [{record.code}]"
-    )
-    return EventEntry(record.t, record.level, text)

@@ -1,5 +1,6 @@
 """The target answers the prompts itself; each (prompt, answer) becomes one training sample of
-chat-template tokens with a loss mask on the answer, written atomically as an Arrow dataset."""
+chat-template tokens with a loss mask on the answer, written atomically as an Arrow dataset
+(columns input_ids, loss_mask, and prompt_index into the loaded prompt list)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +73,7 @@ class Sample:
     input_ids: list[int]
     loss_mask: list[int]
     finished: bool
+    prompt_index: int = -1
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class Job:
     """One sample to generate: which prompt, and in which pass over the prompts."""
 
     index: int
+    prompt_index: int
     prompt: str
     prompt_ids: list[int]
     repeat: int
@@ -161,17 +164,25 @@ def generate_batch(
     generated = out[:, width:].cpu().tolist()
     stop_set = set(stops)
     return [
-        build_sample(job.prompt_ids, gen, stop_set)
+        replace(build_sample(job.prompt_ids, gen, stop_set), prompt_index=job.prompt_index)
         for job, gen in zip(jobs, generated, strict=True)
     ]
 
 
-def plan_jobs(tokenizer: Any, prompts: Sequence[str], samples: int) -> list[Job]:
-    rendered = [chat_prompt_ids(tokenizer, p) for p in prompts]
-    return [
-        Job(i, prompts[i % len(prompts)], rendered[i % len(prompts)], i // len(prompts))
-        for i in range(samples)
-    ]
+def plan_jobs(tokenizer: Any, prompts: Sequence[str], samples: int, seed: int) -> list[Job]:
+    """Prompts are visited in one seeded random order, cycled as often as `samples` needs,
+    so asking for fewer samples than prompts still gives a mix of every kind of prompt."""
+    import numpy as np
+
+    order = np.random.default_rng(seed).permutation(len(prompts)).tolist()
+    rendered: dict[int, list[int]] = {}
+    jobs = []
+    for i in range(samples):
+        p = order[i % len(prompts)]
+        if p not in rendered:
+            rendered[p] = chat_prompt_ids(tokenizer, prompts[p])
+        jobs.append(Job(i, p, prompts[p], rendered[p], i // len(prompts)))
+    return jobs
 
 
 def run_jobs(
@@ -236,10 +247,15 @@ def write_dataset(samples: Sequence[Sample], out: Path, info: dict[str, Any], sh
         {
             "input_ids": datasets.List(datasets.Value("int32")),
             "loss_mask": datasets.List(datasets.Value("int8")),
+            "prompt_index": datasets.Value("int32"),
         }
     )
     table = datasets.Dataset.from_dict(
-        {"input_ids": [s.input_ids for s in samples], "loss_mask": [s.loss_mask for s in samples]},
+        {
+            "input_ids": [s.input_ids for s in samples],
+            "loss_mask": [s.loss_mask for s in samples],
+            "prompt_index": [s.prompt_index for s in samples],
+        },
         features=features,
     )
     out = out.absolute()
@@ -290,7 +306,7 @@ def prepare_dataset(config: PrepareConfig, *, target: Target | None = None) -> d
         dtype = torch.bfloat16 if config.device.startswith("cuda") else torch.float32
         target = load_target(config.target, config.device, dtype)
     loaded = time.monotonic()
-    jobs = plan_jobs(target.tokenizer, prompts, samples)
+    jobs = plan_jobs(target.tokenizer, prompts, samples, config.seed)
     with tqdm(total=samples, desc="prepare", unit="sample", file=sys.stderr) as bar:
         results = run_jobs(target, jobs, config, bar.update)
     generated = time.monotonic()

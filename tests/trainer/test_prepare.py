@@ -64,8 +64,12 @@ def test_prepared_samples_are_masked_on_the_answer(
     dataset = load_dataset_dir(prepared_data_dir)
     assert len(dataset) == 24
     train_prompts = load_prompts("builtin", "train")
+    prompt_indices = dataset.table["prompt_index"]
+    # A seeded random order over the prompts: 24 distinct ones, not just the first 24.
+    assert len(set(prompt_indices)) == 24 and max(prompt_indices) > 24
     tokenizer = smollm2.tokenizer
-    for index in range(len(dataset)):
+    for index, prompt_index in enumerate(prompt_indices):
+        prompt = train_prompts[prompt_index]
         ids, mask = dataset.rows([index])[0]
         answer_start = int((mask == 0).sum())
         # The mask is 0 on the whole template + user turn, then 1 to the end.
@@ -73,10 +77,10 @@ def test_prepared_samples_are_masked_on_the_answer(
         assert 1 <= len(ids) - answer_start <= 48
         context = tokenizer.decode(ids[:answer_start].tolist())
         assert context.endswith("<|im_start|>assistant\n")
-        assert f"<|im_start|>user\n{train_prompts[index]}<|im_end|>" in context
+        assert f"<|im_start|>user\n{prompt}<|im_end|>" in context
         # The context is exactly the chat template's rendering of the user turn.
         rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": train_prompts[index]}],
+            [{"role": "user", "content": prompt}],
             add_generation_prompt=True,
             tokenize=False,
         )
@@ -201,6 +205,7 @@ def test_cli_cycles_prompts_and_overwrites(tmp_path: Path, smollm2_target: Path)
     dataset = load_dataset_dir(out)
     assert len(dataset) == 4
     rows = dataset.rows([0, 1, 2, 3])
+    assert dataset.table["prompt_index"][2:] == dataset.table["prompt_index"][:2]
     # The second pass repeats the prompts (same context) but samples a different answer.
     for first, again in ((rows[0], rows[2]), (rows[1], rows[3])):
         start = int((first[1] == 0).sum())
