@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 
 from textual.pilot import Pilot
+from textual.widgets import Button
 
 from dflash_tui.app import ConsoleOptions, DflashApp
 from dflash_tui.sources.transport import CommandResult, LocalTransport
@@ -113,3 +114,11 @@ async def attached(
         app.request_redraw()
         await pilot.pause()
         yield app, pilot, transport
+
+
+async def press_button(pilot: Pilot[None], selector: str) -> None:
+    """Press a dialog's button once the dialog is composed (a mouse click can miss a
+    button whose layout is not settled yet on a loaded machine)."""
+    await wait_until(pilot, lambda: bool(pilot.app.screen.query(selector)))
+    pilot.app.screen.query_one(selector, Button).press()
+    await pilot.pause()

@@ -12,7 +12,7 @@ from dflash_tui.screens.launch_fields import LAUNCH_FIELDS, train_args, validate
 from dflash_tui.screens.launch_form import LaunchForm
 from dflash_tui.screens.min_ready_prompt import MinReadyPrompt
 from dflash_tui.screens.restart_dialog import RestartDialog, parse_overrides
-from tests.tui.console_harness import VALID_FORM, attached, make_run_dir
+from tests.tui.console_harness import VALID_FORM, attached, make_run_dir, press_button
 
 # field -> (bad text, words the message under it must contain)
 BAD_INPUT: dict[str, tuple[str, str]] = {
@@ -64,7 +64,7 @@ async def test_launch_form_refuses_each_bad_field_and_sends_nothing(tmp_path: Pa
             good = field.value
             field.value = bad
             await pilot.pause()
-            await pilot.click("#submit")
+            await press_button(pilot, "#submit")
             await pilot.pause()
             assert app.screen is form, f"{name}: the form closed on bad input"
             error = form.query_one(f"#error-{name}", Static)
@@ -110,7 +110,7 @@ async def test_restart_and_min_ready_dialogs_refuse_bad_input(tmp_path: Path) ->
         overrides = app.screen.query_one("#overrides", Input)
         for bad in ("hs_min_ready=0", "junk", "hs_min_ready=x"):
             overrides.value = bad
-            await pilot.click("#submit")
+            await press_button(pilot, "#submit")
             await pilot.pause()
             assert isinstance(app.screen, RestartDialog)
             assert app.screen.query_one("#overrides-error", Static).has_class("shown")
@@ -125,7 +125,7 @@ async def test_restart_and_min_ready_dialogs_refuse_bad_input(tmp_path: Path) ->
         value = prompt.query_one("#value", Input)
         for bad, message in (("0", "out of range"), ("9", "1..hs_queue_depth=8"), ("x", "integer")):
             value.value = bad
-            await pilot.click("#submit")
+            await press_button(pilot, "#submit")
             await pilot.pause()
             assert app.screen is prompt
             assert message in str(prompt.query_one("#value-error", Static).render())

@@ -32,12 +32,13 @@ async def test_trust_on_explicit_yes_then_follow(
     run_dir = make_run_dir(tmp_path)
     app = ssh_console(inproc_server, client_key, known, run_dir)
     async with app.run_test(size=(160, 48)) as pilot:
-        await wait_until(pilot, lambda: isinstance(app.screen, HostKeyPrompt))
+        await wait_until(pilot, lambda: bool(app.screen.query("#trust")))
         prompt = app.screen
         assert isinstance(prompt, HostKeyPrompt)
         assert prompt.fingerprint == fingerprint(inproc_server.host_key)
         assert not known.exists()  # nothing written before the answer
-        await pilot.click("#trust")
+        prompt.query_one("#trust").focus()  # the prompt focuses "refuse" first
+        await pilot.press("enter")
         await wait_until(pilot, lambda: app.state.step == 299)
         assert host_is_listed(known, LOOPBACK, inproc_server.port)
         assert app.connection == "connected"
@@ -49,7 +50,7 @@ async def test_refusing_writes_nothing(
     known = tmp_path / "known_hosts"
     app = ssh_console(inproc_server, client_key, known, make_run_dir(tmp_path))
     async with app.run_test(size=(160, 48)) as pilot:
-        await wait_until(pilot, lambda: isinstance(app.screen, HostKeyPrompt))
+        await wait_until(pilot, lambda: bool(app.screen.query("#refuse")))
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, HostKeyPrompt)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from textual.widgets import Input, Static
+from textual.widgets import Input, RadioButton, Static
 
 from dflash_train import protocol
 from dflash_tui.cli import remember_in
@@ -27,6 +27,7 @@ from tests.tui.console_harness import (
     TRAINER,
     attached,
     make_run_dir,
+    press_button,
     wait_for_controls,
     wait_until,
 )
@@ -62,11 +63,11 @@ async def test_launch_confirm_then_shows_the_failure_reason(tmp_path: Path) -> N
         form = app.screen
         assert isinstance(form, LaunchForm)
         form.query_one("#field-data_dir", Input).value = str(missing)
-        await pilot.click("#submit")
+        await press_button(pilot, "#submit")
         await pilot.pause()
         assert isinstance(app.screen, ConfirmDialog)
         assert transport.mutating() == []  # nothing before the confirmation
-        await pilot.click("#yes")
+        await press_button(pilot, "#yes")
         await wait_for_controls(app)
         await pilot.pause()
         launches = transport.mutating()
@@ -87,9 +88,9 @@ async def test_launch_cancelled_at_confirmation_sends_nothing(tmp_path: Path) ->
     async with attached(make_run_dir(tmp_path)) as (app, pilot, transport):
         await pilot.press("l")
         app.screen.query_one("#field-data_dir", Input).value = str(tmp_path)
-        await pilot.click("#submit")
+        await press_button(pilot, "#submit")
         await pilot.pause()
-        await pilot.click("#no")
+        await press_button(pilot, "#no")
         await pilot.pause()
         assert not isinstance(app.screen, (ConfirmDialog, LaunchForm))
         assert transport.mutating() == []
@@ -104,7 +105,7 @@ async def test_stop_confirm_then_shows_the_result(tmp_path: Path) -> None:
         await pilot.press("escape")
         assert transport.mutating() == []
         await pilot.press("S")
-        await pilot.click("#yes")
+        await press_button(pilot, "#yes")
         await wait_for_controls(app)
         await pilot.pause()
         assert [argv[len(TRAINER)] for argv in transport.mutating()] == ["stop"]
@@ -121,8 +122,8 @@ async def test_restart_resume_with_override_sends_it(tmp_path: Path) -> None:
         assert isinstance(dialog, RestartDialog)
         assert RUN_ID in dialog.run_name
         dialog.query_one("#overrides", Input).value = "hs_min_ready=4"
-        await pilot.click("#fresh")
-        await pilot.click("#submit")
+        app.screen.query_one("#fresh", RadioButton).value = True
+        await press_button(pilot, "#submit")
         await wait_for_controls(app)
         await pilot.pause()
         (argv,) = transport.mutating()

@@ -13,7 +13,7 @@ from textual.pilot import Pilot
 from textual.widgets import Input
 
 from dflash_tui.app import DflashApp
-from tests.tui.console_harness import console_app, wait_until
+from tests.tui.console_harness import console_app, press_button, wait_until
 from tests.tui.synthetic_stream import T0, write_stream
 
 STEPS = 3000
@@ -62,7 +62,7 @@ def test_launch_form_with_a_refused_field(snap_compare, fixed_place: Path) -> No
         for field in pilot.app.screen.query(Input).results(Input):
             field.cursor_blink = False  # a blinking cursor would make the image flaky
         pilot.app.screen.query_one("#field-lr", Input).value = "fast"
-        await pilot.click("#submit")
+        await press_button(pilot, "#submit")
         await pilot.pause(0.3)
 
     app = attached_app(fixed_place, read_only=False)

@@ -1,0 +1,146 @@
+"""Redraws the dashboard's panes from cached state (RunState and the app's notes), each only
+when its inputs changed: an unchanged pane would cost layout and paint for nothing."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from dflash_tui.sources.state import EventRecord
+from dflash_tui.widgets.events_log import EventEntry, EventsLog
+from dflash_tui.widgets.gpu_table import GpuTable, render_gpus
+from dflash_tui.widgets.header import HeaderFacts, RunHeader
+from dflash_tui.widgets.hs_queue import HsQueuePane, render_queue
+from dflash_tui.widgets.loss_plot import LossPane
+from dflash_tui.widgets.throughput_plot import ThroughputPane
+
+if TYPE_CHECKING:
+    from dflash_tui.app import DflashApp
+    from dflash_tui.screens.main import MainScreen
+
+# Plots cost the most to draw; they follow new data at most this often.
+PLOT_EVERY_S = 2.0
+
+
+class PaneRefresh:
+    def __init__(self) -> None:
+        self._drawn: dict[str, object] = {}
+        self._last_plot = -math.inf
+
+    def invalidate(self) -> None:
+        self._drawn.clear()
+
+    def changed(self, pane: str, signature: object) -> bool:
+        """Whether `pane`'s inputs differ from what it last drew (and remember them)."""
+        if self._drawn.get(pane) == signature:
+            return False
+        self._drawn[pane] = signature
+        return True
+
+    def frame_is_current(self, app: DflashApp) -> bool:
+        """The plots and the GPU pane show the newest lines (the bench's 'complete frame')."""
+        plots = self._drawn.get("plots", (None,))
+        gpus = self._drawn.get("gpus", (None,))
+        return plots[0] == app.seen["step"] and gpus[0] == app.seen["gpu"]  # type: ignore[index]
+
+    def paint(self, app: DflashApp, main: MainScreen, now: float) -> None:
+        colours = app.colours()
+        state = app.state
+        seen = app.seen
+        theme = app.theme
+        header = main.query_one(RunHeader)
+        facts = header_facts(app, now)
+        if header.display and self.changed("header", (facts, theme, header.size)):
+            header.show(facts, colours)
+        if app.paused:
+            return
+        gpus = main.query_one(GpuTable)
+        if gpus.display and self.changed("gpus", (seen["gpu"], theme, gpus.size)):
+            # Layout only when the pane's height can change: another GPU, or none at all.
+            shape = (len(state.gpus), state.gpu_unavailable is None)
+            gpus.update(
+                render_gpus(
+                    state.gpus, state.gpu_history, colours, unavailable=state.gpu_unavailable
+                ),
+                layout=self.changed("gpus-shape", shape),
+            )
+        queue = main.query_one(HsQueuePane)
+        if queue.display and self.changed("queue", (seen["queue"], theme, queue.size)):
+            queue.update(
+                render_queue(state.queue, colours, queue.content_size.width),
+                layout=self.changed("queue-shape", state.queue is None),
+            )
+        events = main.query_one(EventsLog)
+        rejected = sum(state.rejected_lines.values())
+        latest_note = app.notes[-1] if app.notes else None
+        signature = (
+            seen["event"] + seen["checkpoint"] + seen["run_end"],
+            latest_note,
+            len(app.notes),
+            len(app.log_tail),
+            rejected,
+            theme,
+            events.size,
+        )
+        if events.display and self.changed("events", signature):
+            events.show(event_entries(app), app.log_tail, colours, rejected)
+        if now - self._last_plot >= PLOT_EVERY_S or "plots" not in self._drawn:
+            loss = main.query_one(LossPane)
+            toggles = (loss.log_scale, loss.smoothing)
+            sizes = (main.query_one(ThroughputPane).size, loss.size)
+            if self.changed("plots", (seen["step"], toggles, sizes, theme)):
+                self._last_plot = now
+                draw_plots(app, main)
+
+
+def draw_plots(app: DflashApp, main: MainScreen) -> None:
+    state = app.state
+    throughput = main.query_one(ThroughputPane)
+    if throughput.display:
+        width = max(throughput.content_size.width, 20)
+        throughput.show(
+            state.series("ktok_s", width), state.latest("ktok_s"), state.average_ktok_s()
+        )
+    loss = main.query_one(LossPane)
+    if loss.display:
+        width = max(loss.content_size.width, 20)
+        loss.show(
+            state.series("loss", width),
+            state.latest("loss"),
+            state.latest("acc"),
+            state.latest("tau"),
+        )
+
+
+def header_facts(app: DflashApp, now: float) -> HeaderFacts:
+    state = app.state
+    return HeaderFacts(
+        target=app.target_name,
+        run_dir=app.run_dir,
+        run_id=state.run_id,
+        badge=app.badge(),
+        read_only=app.read_only,
+        paused=app.paused,
+        epoch=state.epoch,
+        epochs=state.epochs,
+        epoch_fraction=state.epoch_progress,
+        step=state.step,
+        total_steps=state.total_steps,
+        eta_s=state.eta_s,
+        age_s=state.last_line_age(now),
+    )
+
+
+def event_entries(app: DflashApp) -> list[EventEntry]:
+    from_run = [entry for record in app.state.events if (entry := run_event(record))]
+    return sorted([*from_run, *app.notes], key=lambda e: e.t)
+
+
+def run_event(record: EventRecord) -> EventEntry | None:
+    """How a stream event reads in the events pane (None: not worth a row)."""
+    if record.code == "history_end":
+        return None
+    plain = record.code in ("checkpoint", "run_end")
+    return EventEntry(
+        record.t, record.level, record.text if plain else f"{record.text} [{record.code}]"
+    )
