@@ -87,6 +87,9 @@ class DflashApp(App[None]):
         self.panes = PaneRefresh()
         self.last_control: Worker[None] | None = None
         self.theme_names: list[str] = []
+        self._saved_theme = ""
+        # The last hs_min_ready set live: a restart offers it, or the run would lose it.
+        self.min_ready_choice: int | None = None
 
     # -- wiring ----------------------------------------------------------------------
 
@@ -122,6 +125,7 @@ class DflashApp(App[None]):
             self.theme_names.append(theme.name)
         wanted = self.options.theme or themes.DEFAULT_THEME
         self.theme = wanted if wanted in self.available_themes else themes.DEFAULT_THEME
+        self._saved_theme = self.theme
         self.theme_changed_signal.subscribe(self, self._remember_theme)
         self.push_screen(MainScreen())
         self.set_interval(1 / REFRESH_HZ, self.redraw)
@@ -235,6 +239,7 @@ class DflashApp(App[None]):
     def send_min_ready(self, value: int) -> None:
         self._control("set", lambda: self.session.set_setting("hs_min_ready", str(value)))
         self._remember("hs_min_ready", value)
+        self.min_ready_choice = value
 
     @on(ControlDone)
     def _control_done(self, message: ControlDone) -> None:
@@ -311,7 +316,10 @@ class DflashApp(App[None]):
         self.request_redraw()
 
     def _remember_theme(self, theme: Any) -> None:
-        self._remember("theme", theme.name)
+        # The signal also fires for the theme set at start: only a change is worth a write.
+        if theme.name != self._saved_theme:
+            self._saved_theme = theme.name
+            self._remember("theme", theme.name)
 
     def _remember(self, key: str, value: Any) -> None:
         if self.options.remember is None:

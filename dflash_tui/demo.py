@@ -153,7 +153,7 @@ async def start_demo_run(app: DflashApp, paths: DemoPaths) -> None:
     from dflash_tui.screens.launch_fields import train_args
 
     app.post_message(Note("info", "launching the demo run (CPU, tiny drafter)…"))
-    reply = await app.session.launch(train_args(launch_defaults(paths)))
+    reply = await app.session.launch(train_args(app.options.launch_defaults))
     if reply.ok:
         app.post_message(Note("info", "demo run launched; q leaves it running, S stops it"))
     else:
@@ -163,16 +163,24 @@ async def start_demo_run(app: DflashApp, paths: DemoPaths) -> None:
 def run_demo(*, watch: bool = False, theme: str | None = None) -> int:
     from dflash_tui.app import ConsoleOptions, DflashApp
     from dflash_tui.cli import remember_in
+    from dflash_tui.sources.profiles import load_config
     from dflash_tui.sources.transport import LocalTransport
 
     paths = DemoPaths.default()
     paths.run_dir.mkdir(parents=True, exist_ok=True)
+    # What the operator chose last time (theme, hs_min_ready) lives in the "demo" profile.
+    remembered = load_config().profiles.get("demo")
+    defaults = launch_defaults(paths)
+    if remembered is not None and remembered.launch.hs_min_ready is not None:
+        defaults["hs_min_ready"] = str(remembered.launch.hs_min_ready)
+    if theme is None and remembered is not None:
+        theme = remembered.theme
     options = ConsoleOptions(
         target_name="demo (this machine)",
         run_dir=str(paths.run_dir),
         read_only=watch,
         python=sys.executable,
-        launch_defaults=launch_defaults(paths),
+        launch_defaults=defaults,
         theme=theme,
         remember=remember_in("demo"),
     )

@@ -102,7 +102,11 @@ class MainScreen(Screen[None]):
         self.app.push_screen(ConfirmDialog("Launch this run?", body, yes_label="Launch"), go)
 
     def action_restart(self) -> None:
-        dialog = RestartDialog(self.console.run_label(), self.console.live_settings())
+        choice = self.console.min_ready_choice
+        suggested = "" if choice is None else f"hs_min_ready={choice}"
+        dialog = RestartDialog(
+            self.console.run_label(), self.console.live_settings(), overrides=suggested
+        )
 
         def go(request: RestartRequest | None) -> None:
             if request is not None:

@@ -46,10 +46,11 @@ def parse_overrides(text: str, current: Mapping[str, int]) -> dict[str, str]:
 class RestartDialog(ModalScreen[RestartRequest | None]):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, run_name: str, current: Mapping[str, int]) -> None:
+    def __init__(self, run_name: str, current: Mapping[str, int], *, overrides: str = "") -> None:
         super().__init__()
         self.run_name = run_name
         self.current = dict(current)
+        self.overrides = overrides
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog restart-dialog"):
@@ -58,7 +59,7 @@ class RestartDialog(ModalScreen[RestartRequest | None]):
                 yield RadioButton("resume from the newest checkpoint", value=True, id="resume")
                 yield RadioButton("fresh: start again from step 0", id="fresh")
             yield Static("overrides (optional), e.g. hs_min_ready=4", classes="form-hint")
-            yield Input(placeholder="key=value …", id="overrides")
+            yield Input(self.overrides, placeholder="key=value …", id="overrides")
             yield Static("", id="overrides-error", classes="field-error")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Restart", id="submit", variant="warning")

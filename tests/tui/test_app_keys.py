@@ -155,6 +155,11 @@ async def test_min_ready_is_sent_and_remembered_in_the_profile(
         assert any(n.text.startswith("set: ") and "[not_running]" in n.text for n in app.notes)
         assert isinstance(app.screen, ReplyDialog)
         assert app.screen.reply.error_code == "not_running"
+        await pilot.press("escape")
+        # A restart offers the value set live, or the restarted run would lose it.
+        await pilot.press("R")
+        assert app.screen.query_one("#overrides", Input).value == "hs_min_ready=5"
+        await pilot.press("escape")
     assert load_config(config_file).profiles["box"].launch.hs_min_ready == 5
 
 
