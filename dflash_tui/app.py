@@ -49,6 +49,8 @@ class ConsoleOptions:
     launch_defaults: Mapping[str, str] = field(default_factory=dict)
     theme: str | None = None
     remember: Callable[[str, Any], None] | None = None
+    # hs_min_ready the operator last set live (kept in the profile): restarts offer it.
+    remembered_min_ready: int | None = None
     follow_gpus: bool = True
     history_points: int = 400
 
@@ -89,7 +91,7 @@ class DflashApp(App[None]):
         self.theme_names: list[str] = []
         self._saved_theme = ""
         # The last hs_min_ready set live: a restart offers it, or the run would lose it.
-        self.min_ready_choice: int | None = None
+        self.min_ready_choice: int | None = options.remembered_min_ready
 
     # -- wiring ----------------------------------------------------------------------
 
@@ -346,7 +348,7 @@ class DflashApp(App[None]):
 
     def redraw(self) -> None:
         main = self.main_screen()
-        if main is None or not main.is_attached or self._exit:
+        if main is None or not main.is_attached:
             return
         now = self.clock()
         self.maybe_check_status(now)

@@ -141,6 +141,7 @@ def build_console(args: argparse.Namespace, prefix: list[str]) -> DflashApp:
         launch_defaults=form_defaults(profile.launch),
         theme=profile.theme,
         remember=remember_in(profile.name),
+        remembered_min_ready=profile.launch.hs_min_ready,
     )
     return DflashApp(transport, options)
 
