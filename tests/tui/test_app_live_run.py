@@ -1,0 +1,84 @@
+"""The whole operator loop on a real CPU training run (a tiny random target, real
+`dflash-train` commands): launch from the form, watch steps arrive, change hs_min_ready live
+and see the trainer's ack, stop, and see the run end."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from textual.widgets import Input
+
+from dflash_tui.screens.reply import ReplyDialog
+from dflash_tui.widgets.header import RunHeader
+from tests.tui.console_harness import console_app, press_button, wait_for_controls, wait_until
+
+TINY_TRAIN = {
+    "target_model": "random:tiny",
+    "target_gpus": "cpu",
+    "drafter_gpus": "cpu",
+    "pipeline": "sync",
+    "epochs": "200",
+    "lr": "6e-4",
+    "hs_queue_depth": "4",
+    "hs_min_ready": "2",
+    "max_steps": "",
+    "extra": "--draft-layers 1 --max-length 128 --block-size 4 --num-anchors 4 "
+    "--tokens-per-batch 256 --save-every 0",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny") / "data"
+    subprocess.run(
+        [sys.executable, "-m", "dflash_train", "prepare", "--target-model", "random:tiny",
+         "--prompts", "builtin", "--out", str(out), "--samples", "8",
+         "--max-new-tokens", "16", "--batch-size", "8"],
+        check=True, capture_output=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    return out
+
+
+async def test_launch_set_and_stop_a_real_run(tmp_path: Path, tiny_data: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    app, transport = console_app(run_dir, defaults={**TINY_TRAIN, "data_dir": str(tiny_data)})
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+            header = app.screen.query_one(RunHeader)
+            await pilot.press("l")
+            await press_button(pilot, "#submit")
+            await press_button(pilot, "#yes")
+            await wait_until(pilot, lambda: isinstance(app.screen, ReplyDialog), timeout=240)
+            reply = app.screen.reply
+            assert reply.ok, (reply.error, reply.data.get("log_tail"))
+            await pilot.press("escape")
+            await wait_until(pilot, lambda: (app.state.step or 0) >= 2, timeout=120)
+            await wait_until(pilot, lambda: "RUNNING" in str(header.render()))
+
+            await pilot.press("m")
+            app.screen.query_one("#value", Input).value = "1"
+            await pilot.press("enter")
+            await wait_for_controls(app)
+            codes = lambda: [e.code for e in app.state.events]  # noqa: E731
+            await wait_until(pilot, lambda: "control_applied" in codes(), timeout=60)
+            assert app.state.settings["hs_min_ready"] == 1
+
+            await pilot.press("S")
+            await press_button(pilot, "#yes")
+            await wait_until(pilot, lambda: isinstance(app.screen, ReplyDialog), timeout=120)
+            assert app.screen.reply.command == "stop" and app.screen.reply.ok
+            await wait_until(pilot, lambda: app.state.end is not None, timeout=60)
+            assert app.state.end["reason"] == "signal"
+            await wait_until(pilot, lambda: "FINISHED" in str(header.render()))
+    finally:
+        # Never leave a trainer behind, whatever failed above.
+        subprocess.run(
+            [sys.executable, "-m", "dflash_train", "stop", str(run_dir), "--timeout", "30"],
+            capture_output=True, timeout=120, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    subcommands = transport.subcommands()
+    assert [c for c in subcommands if c in ("launch", "set", "stop")] == ["launch", "set", "stop"]
