@@ -38,3 +38,13 @@ async def test_crash_shows_badge_and_log_tail(tmp_path: Path) -> None:
         assert "out of memory" in str(events.render())
         assert "status" in transport.subcommands()
         assert transport.mutating() == []
+
+
+async def test_rejected_lines_are_counted_not_fatal(tmp_path: Path) -> None:
+    run_dir = make_run_dir(tmp_path)
+    async with attached(run_dir) as (app, pilot, _):
+        with (run_dir / "status.jsonl").open("a") as fh:
+            fh.write('not json\n{"v": 1, "seq": 9000}\n')
+        events = app.screen.query_one(EventsLog)
+        await wait_until(pilot, lambda: events.border_subtitle == "rejected lines: 2")
+        assert "RUNNING" in str(app.screen.query_one(RunHeader).render())
