@@ -15,7 +15,6 @@ from textual import on, work
 from textual.app import App, SystemCommand
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.worker import Worker
 
 from dflash_train import protocol
 from dflash_train.protocol import Reply, StatusLine
@@ -87,7 +86,6 @@ class DflashApp(App[None]):
         # Lines seen per kind: the panes redraw only when what they show has changed.
         self.seen: Counter[str] = Counter()
         self.panes = PaneRefresh()
-        self.last_control: Worker[None] | None = None
         self.theme_names: list[str] = []
         self._saved_theme = ""
         # The last hs_min_ready set live: a restart offers it, or the run would lose it.
@@ -224,7 +222,7 @@ class DflashApp(App[None]):
                 self.post_message(ControlDone(command, reply))
 
         self.note("info", f"{command}: sent")
-        self.last_control = self.run_worker(send(), group="control", name=command)
+        self.run_worker(send(), group="control", name=command)
 
     def send_launch(self, argv: Sequence[str]) -> None:
         self._control("launch", lambda: self.session.launch(list(argv)))
@@ -289,7 +287,7 @@ class DflashApp(App[None]):
             self.notes.pop()
         self._last_note_key = key
         self.notes.append(EventEntry(self.clock(), level, text, source="console"))
-        self.request_redraw()
+        self.call_later(self.redraw)  # the events pane sees the new note; nothing else changed
 
     def request_redraw(self) -> None:
         self.panes.invalidate()
