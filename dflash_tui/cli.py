@@ -132,6 +132,7 @@ def build_console(args: argparse.Namespace, prefix: list[str]) -> DflashApp:
     from dflash_tui.app import ConsoleOptions, DflashApp
 
     profile = choose_profile(args, prefix)
+    check_theme(profile.theme)
     transport = profile.transport()
     options = ConsoleOptions(
         target_name=transport.description,
@@ -144,6 +145,14 @@ def build_console(args: argparse.Namespace, prefix: list[str]) -> DflashApp:
         remembered_min_ready=profile.launch.hs_min_ready,
     )
     return DflashApp(transport, options)
+
+
+def check_theme(name: str | None) -> None:
+    from dflash_tui.themes import load_themes
+
+    known = [t.name for t in load_themes()]
+    if name is not None and name not in known:
+        raise UsageError(f"--theme: unknown theme {name!r} (known: {', '.join(known)})")
 
 
 def remember_in(profile_name: str) -> Callable[[str, Any], None]:

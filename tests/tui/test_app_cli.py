@@ -97,6 +97,12 @@ def test_profile_with_flags_on_top(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert adhoc.command_prefix() == ("docker", "exec", "t") and adhoc.run_dir == "/data/runs/r1"
 
 
+def test_unknown_theme_name_is_refused() -> None:
+    with pytest.raises(cli.UsageError, match=r"unknown theme 'neon' \(known: dflash-dark"):
+        cli.check_theme("neon")
+    cli.check_theme("dflash-high-contrast")
+
+
 def test_unknown_theme_file_keys_are_refused(tmp_path: Path) -> None:
     (tmp_path / "bad.toml").write_text('name = "x"\nprimary = "#fff"\nsparkle = true\n')
     with pytest.raises(themes.ThemeFileError, match="sparkle"):
