@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,8 +54,6 @@ class LiveRun:
 def _start_agent(directory: Path, key: ClientKey) -> tuple[int, str]:
     """A real ssh-agent holding the client key, which is stored on disk encrypted with
     PASSPHRASE: the console never sees the passphrase, only the agent does."""
-    import subprocess
-
     encrypted = directory / "id_ed25519_encrypted"
     asyncssh.read_private_key(str(key.private_path)).write_private_key(
         # PKCS#8: encrypted with `cryptography` (the OpenSSH format would need bcrypt).
@@ -137,8 +136,8 @@ def shared_run(
             restore_env("SSH_AUTH_SOCK", previous_sock)
 
     previous_sock = os.environ.get("SSH_AUTH_SOCK")
-    reply = asyncio.run(launch())
     try:
+        reply = asyncio.run(launch())
         assert reply.ok, reply
         live = LiveRun(run_dir, reply, openssh_server, known, agent_sock)
         live.pause()

@@ -8,10 +8,11 @@ calls are refused too, and no command reaches any server."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from textual.pilot import Pilot
 
 from dflash_tui.app import ConsoleOptions, DflashApp
 from dflash_tui.screens.host_key_prompt import HostKeyPrompt
@@ -28,11 +29,13 @@ def console(port: int, known: Path, key: ClientKey, run_dir: Path) -> DflashApp:
     return DflashApp(transport, options)
 
 
-async def until(pilot: object, check: object, what: str, timeout: float = 30) -> None:
+async def until(
+    pilot: Pilot[None], check: Callable[[], bool], what: str, timeout: float = 30
+) -> None:
     deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
+    while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await pilot.pause(0.05)  # type: ignore[attr-defined]
+        await pilot.pause(0.05)
 
 
 def prompting(app: DflashApp) -> bool:

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import asyncssh
 import pytest
 
 from tests.reliability.console_side import Recorder, ssh_transport, trusted, wait_until
@@ -28,7 +29,7 @@ class Route:
     """One way to the box and the fault that cuts it."""
 
     port: int
-    host_key: object
+    host_key: asyncssh.SSHKey
     cut: Callable[[], int]
     received: Callable[[], list[str]]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,10 @@ from tests.sshd import ClientKey, InProcessServer
 MUTATING = (" launch ", " stop ", " restart ", " set ")
 
 
-def steps_after(points: object, first: int, last: int) -> list[tuple[float, float]]:
-    return [p for p in points if first < p[0] <= last]  # type: ignore[attr-defined]
+def steps_after(
+    points: Iterable[tuple[float, float]], first: int, last: int
+) -> list[tuple[float, float]]:
+    return [p for p in points if first < p[0] <= last]
 
 
 async def test_watch_and_control_consoles_share_the_stream_and_refuse_a_second_launch(
