@@ -334,7 +334,8 @@ class DflashApp(App[None]):
     def colours(self) -> dict[str, str]:
         variables = self.theme_variables
         names = ("primary", "secondary", "accent", "warning", "error", "success")
-        return {name: variables.get(name, "") for name in names}
+        # Textual's ANSI theme names colours "ansi_blue"; Rich styles know them as "blue".
+        return {name: variables.get(name, "").removeprefix("ansi_") for name in names}
 
     def badge(self) -> str:
         if self.connection != "connected":
