@@ -151,3 +151,32 @@ async def test_the_same_fuzzer_reaches_mutating_commands_when_controlling(
     )
     assert typed == CONTROL_KEYS
     assert mutating(received), received
+
+
+async def test_every_theme_the_palette_offers_draws(
+    inproc_server: InProcessServer, client_key: ClientKey, tmp_path: Path
+) -> None:
+    """Regression for a crash the fuzzer found: picking Textual's ANSI theme from the
+    command palette made the header build a Rich style from "ansi_blue" (MissingStyle)."""
+    run_dir = tmp_path / "run"
+    writer = start_stream_writer(run_dir, "themes", 100_000, 0.1)
+    known = trusted(tmp_path / "known_hosts", inproc_server.port, inproc_server.host_key)
+    transport = ssh_transport(inproc_server.port, known, client_key)
+    options = ConsoleOptions(
+        target_name="box", run_dir=str(run_dir), python=BOX_PYTHON, follow_gpus=False
+    )
+    app = DflashApp(transport, options)
+    try:
+        async with app.run_test(size=(140, 44)) as pilot:
+            while app.state.step is None:
+                await pilot.pause(0.05)
+            themes = sorted(app.available_themes)
+            assert "ansi-dark" in themes and len(themes) > 3
+            for name in themes:
+                app.theme = name
+                app.request_redraw()
+                await pilot.pause(0.1)
+                assert app.is_running, f"theme {name} ended the app"
+    finally:
+        writer.kill()
+        writer.wait()
