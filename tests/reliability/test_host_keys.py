@@ -85,7 +85,9 @@ async def test_unknown_key_is_trusted_only_on_explicit_yes(
     async with app.run_test(size=(140, 44)) as pilot:
         await until(pilot, lambda: prompting(app), "the trust prompt")
         assert inproc_server.received() == []
-        await pilot.click("#trust")
+        await pilot.press("shift+tab")  # from the focused Refuse to Trust
+        await until(pilot, lambda: getattr(app.focused, "id", None) == "trust", "focus")
+        await pilot.press("enter")
         await until(pilot, lambda: inproc_server.received() != [], "the first command")
     assert f"[127.0.0.1]:{inproc_server.port}" in known.read_text()
     assert all(" tail " in c or " status " in c for c in inproc_server.received())
