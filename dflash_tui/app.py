@@ -169,6 +169,9 @@ class DflashApp(App[None]):
     def _on_line(self, line: StatusLine) -> None:
         self.state.apply(line)
         self.seen[line.kind] += 1
+        if line.kind == "event" and line["code"] == "history_end":
+            # The whole past is in: draw every pane now rather than at its next turn.
+            self.request_redraw()
 
     def _on_gpu_line(self, line: StatusLine) -> None:
         # `gpus --follow` readings fill the pane only while no trainer reports its own

@@ -4,6 +4,7 @@ when its inputs changed: an unchanged pane would cost layout and paint for nothi
 from __future__ import annotations
 
 import math
+import time
 from typing import TYPE_CHECKING
 
 from dflash_tui.sources.state import EventRecord
@@ -18,17 +19,28 @@ if TYPE_CHECKING:
     from dflash_tui.app import DflashApp
     from dflash_tui.screens.main import MainScreen
 
-# Plots cost the most to draw; they follow new data at most this often.
+# Plots cost the most to draw; they follow new data at most this often. The GPU and queue
+# panes follow the trainer's monitor tick (about a second) at most once a second.
 PLOT_EVERY_S = 2.0
+READINGS_EVERY_S = 1.0
 
 
 class PaneRefresh:
     def __init__(self) -> None:
         self._drawn: dict[str, object] = {}
-        self._last_plot = -math.inf
+        # When each throttled pane last drew, on the monotonic clock (the app's clock may
+        # be frozen in tests; throttling must still pass).
+        self._last: dict[str, float] = {}
 
     def invalidate(self) -> None:
         self._drawn.clear()
+        self._last.clear()
+
+    def due(self, pane: str, every: float) -> bool:
+        return time.monotonic() - self._last.get(pane, -math.inf) >= every
+
+    def drew(self, pane: str) -> None:
+        self._last[pane] = time.monotonic()
 
     def changed(self, pane: str, signature: object) -> bool:
         """Whether `pane`'s inputs differ from what it last drew (and remember them)."""
@@ -54,8 +66,11 @@ class PaneRefresh:
             header.show(facts, colours)
         if app.paused:
             return
+        readings_due = self.due("readings", READINGS_EVERY_S)
         gpus = main.query_one(GpuTable)
-        if gpus.display and self.changed("gpus", (seen["gpu"], theme, gpus.size)):
+        signature = (seen["gpu"], theme, gpus.size)
+        if gpus.display and readings_due and self.changed("gpus", signature):
+            self.drew("readings")
             # Layout only when the pane's height can change: another GPU, or none at all.
             shape = (len(state.gpus), state.gpu_unavailable is None)
             gpus.update(
@@ -65,7 +80,9 @@ class PaneRefresh:
                 layout=self.changed("gpus-shape", shape),
             )
         queue = main.query_one(HsQueuePane)
-        if queue.display and self.changed("queue", (seen["queue"], theme, queue.size)):
+        signature = (seen["queue"], theme, queue.size)
+        if queue.display and readings_due and self.changed("queue", signature):
+            self.drew("readings")
             queue.update(
                 render_queue(state.queue, colours, queue.content_size.width),
                 layout=self.changed("queue-shape", state.queue is None),
@@ -84,12 +101,12 @@ class PaneRefresh:
         )
         if events.display and self.changed("events", signature):
             events.show(event_entries(app), app.log_tail, colours, rejected)
-        if now - self._last_plot >= PLOT_EVERY_S or "plots" not in self._drawn:
+        if self.due("plots", PLOT_EVERY_S):
             loss = main.query_one(LossPane)
             toggles = (loss.log_scale, loss.smoothing)
             sizes = (main.query_one(ThroughputPane).size, loss.size)
             if self.changed("plots", (seen["step"], toggles, sizes, theme)):
-                self._last_plot = now
+                self.drew("plots")
                 draw_plots(app, main)
 
 
