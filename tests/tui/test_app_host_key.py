@@ -39,7 +39,12 @@ async def test_trust_on_explicit_yes_then_follow(
         assert not known.exists()  # nothing written before the answer
         prompt.query_one("#trust").focus()  # the prompt focuses "refuse" first
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.state.step == 299)
+        try:
+            await wait_until(pilot, lambda: app.state.step == 299)
+        except AssertionError:
+            notes = [n.text for n in app.notes]
+            seen = (notes, app.connection, app.screen_stack, inproc_server.commands)
+            raise AssertionError(f"no stream after trusting: {seen}") from None
         assert host_is_listed(known, LOOPBACK, inproc_server.port)
         assert app.connection == "connected"
 
