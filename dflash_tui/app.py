@@ -85,6 +85,10 @@ class DflashApp(App[None]):
         self._last_status_check = -math.inf
         # Lines seen per kind: the panes redraw only when what they show has changed.
         self.seen: Counter[str] = Counter()
+        # The stream and the GPU follow connect side by side, so one unknown host reaches
+        # us twice: one prompt per host, and a key trusted meanwhile is not asked again.
+        self._host_prompts: set[tuple[str, int]] = set()
+        self._trusted_keys: set[str] = set()
         self.panes = PaneRefresh()
         self.theme_names: list[str] = []
         self._saved_theme = ""
@@ -198,12 +202,21 @@ class DflashApp(App[None]):
     def offer_host_key(self, exc: HostKeyUnknown) -> None:
         if exc.changed or exc.key is None or exc.known_hosts_path is None:
             return  # a changed key is never offered for trust from here
+        where = (exc.host, exc.port)
+        if where in self._host_prompts:
+            return
+        if exc.fingerprint in self._trusted_keys:
+            self.connect_and_follow()
+            return
+        self._host_prompts.add(where)
 
         def answer(yes: bool | None) -> None:
+            self._host_prompts.discard(where)
             if not yes or exc.key is None or exc.known_hosts_path is None:
                 self.note("warning", "host key refused: not connecting")
                 return
             trust_host_key(exc.host, exc.port, exc.key, exc.known_hosts_path)
+            self._trusted_keys.add(exc.fingerprint)
             self.note("info", f"trusted {exc.host}:{exc.port} ({exc.fingerprint})")
             self.connect_and_follow()
 

@@ -14,13 +14,15 @@ from tests.tui.conftest import transport_to
 from tests.tui.console_harness import make_run_dir, wait_until
 
 
-def ssh_console(server: InProcessServer, key: ClientKey, known: Path, run_dir: Path) -> DflashApp:
+def ssh_console(
+    server: InProcessServer, key: ClientKey, known: Path, run_dir: Path, gpus: bool = False
+) -> DflashApp:
     transport = transport_to(server.port, key, known)
     options = ConsoleOptions(
         target_name=transport.description,
         run_dir=str(run_dir),
         python=sys.executable,
-        follow_gpus=False,
+        follow_gpus=gpus,
     )
     return DflashApp(transport, options)
 
@@ -63,3 +65,23 @@ async def test_refusing_writes_nothing(
         assert app.state.step is None
     assert not known.exists()
     assert inproc_server.commands == []  # the host was never trusted, so nothing ran
+
+
+async def test_one_prompt_when_stream_and_gpu_follow_both_meet_the_unknown_key(
+    inproc_server: InProcessServer, client_key: ClientKey, tmp_path: Path
+) -> None:
+    """Seen in tmux: the GPU follow raised its own HostKeyUnknown, so a second prompt came
+    up after the first was answered and the key was appended twice."""
+    known = tmp_path / "known_hosts"
+    run_dir = make_run_dir(tmp_path)
+    app = ssh_console(inproc_server, client_key, known, run_dir, gpus=True)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_until(pilot, lambda: bool(app.screen.query("#trust")))
+        app.screen.query_one("#trust").focus()
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.state.step == 299)
+        await pilot.pause(0.5)
+        prompts = [s for s in app.screen_stack if isinstance(s, HostKeyPrompt)]
+        assert prompts == []
+    lines = [ln for ln in known.read_text().splitlines() if ln.strip()]
+    assert len(lines) == 1, lines
