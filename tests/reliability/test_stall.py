@@ -51,7 +51,7 @@ async def test_hung_trainer_reads_stalled_within_the_threshold(
         # Not before the threshold (no false alarm), and soon after it.
         for stalled_at in (box_stalled_at, console_stalled_at):
             assert stalled_at - last_t + 0.5 >= STALL_AFTER_S
-            assert stalled_at - last_t <= STALL_AFTER_S + 3
+            assert stalled_at - last_t <= STALL_AFTER_S + 5
 
         box.signal_group(run_dir, signal.SIGCONT)
         await wait_until(lambda: console.state.run_state == "running", what="recovery")
