@@ -3,7 +3,8 @@ real save path by the checkpoint module's test hook, after its files are written
 before the completion marker). Asserted: `status` says `crashed` with the train.log tail
 (and the console's state follows it), `restart` resumes from the newest *complete*
 checkpoint under the same run id, the half-written checkpoint is never loaded, and the
-resumed run trains past the step where it was killed."""
+resumed run trains past the step where it was killed. The console on the box shows the
+crash and the log tail."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from pathlib import Path
 
 from dflash_train.checkpoints import STALL_ENV, is_complete, latest_checkpoint, step_dir_name
 from dflash_train.protocol import Reply, StatusLine
-from dflash_tui.sources.state import RunState
+from dflash_tui.app import ConsoleOptions, DflashApp
+from dflash_tui.sources.transport import LocalTransport
 from tests.reliability import box
+from tests.reliability.console_side import BOX_PYTHON
 
 STALL_AT = 6
 
@@ -38,7 +41,29 @@ def newest_start(run_dir: Path) -> StatusLine:
     return [ln for ln in box.lines(run_dir) if ln.kind == "run_start"][-1]
 
 
-def test_sigkill_mid_step_then_mid_checkpoint_resumes_from_last_complete(
+async def console_shows_crash(run_dir: Path) -> None:
+    """The real console on this box: its check of `status` turns the silent stream into
+    `crashed` and puts the train.log tail in the events pane."""
+    options = ConsoleOptions(
+        target_name="local", run_dir=str(run_dir), python=BOX_PYTHON, follow_gpus=False
+    )
+    app = DflashApp(LocalTransport(), options)
+    async with app.run_test(size=(160, 48)) as pilot:
+        deadline = time.monotonic() + 60
+        while app.state.step is None:
+            assert time.monotonic() < deadline, "the console never showed the run"
+            await pilot.pause(0.1)
+        assert app.state.run_state == "running"  # the stream alone cannot tell
+        app.check_status()
+        while not app.log_tail:
+            assert time.monotonic() < deadline, "no log tail shown"
+            await pilot.pause(0.1)
+        await pilot.pause(0.3)
+        assert app.state.run_state == "crashed" and app.badge() == "crashed"
+        assert "train.log" in app.export_screenshot()  # the tail, under its heading
+
+
+async def test_sigkill_mid_step_then_mid_checkpoint_resumes_from_last_complete(
     tmp_path: Path, prepared_data_dir: Path, smollm2_spec: str
 ) -> None:
     run_dir = tmp_path / "run"
@@ -64,12 +89,8 @@ def test_sigkill_mid_step_then_mid_checkpoint_resumes_from_last_complete(
         saved = box.wait_line(run_dir, lambda ln: ln.kind == "checkpoint")["step"]
         box.wait_line(run_dir, lambda ln: ln.kind == "step" and ln["step"] > saved)
         box.sigkill(run_dir)
-        status = crashed_status(run_dir)
-        console = RunState()
-        for line in box.lines(run_dir):
-            console.apply(line)
-        console.apply_status(status)
-        assert console.run_state == "crashed"
+        crashed_status(run_dir)
+        await console_shows_crash(run_dir)
         newest = latest_checkpoint(ckpts)
         assert newest is not None
         back = restart(run_dir)
