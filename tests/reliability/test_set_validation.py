@@ -14,6 +14,7 @@ import pytest
 
 from dflash_train import protocol
 from dflash_train.rundir import atomic_write_text
+from dflash_tui.sources.session import InputError
 from tests.reliability import box
 from tests.reliability.conftest import LiveRun
 from tests.reliability.console_side import Recorder, ssh_transport, trusted
@@ -72,8 +73,6 @@ async def test_bad_set_is_refused_and_the_trainer_keeps_its_values(
         read_only=False,
         settings_in_force=lambda: {"hs_queue_depth": DEPTH, "hs_min_ready": MIN_READY},
     )
-    from dflash_tui.sources.session import InputError
-
     for key, value in bad_inputs():
         with pytest.raises(InputError) as caught:
             await session.set_setting(key, value)
