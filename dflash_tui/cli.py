@@ -141,7 +141,7 @@ def build_console(args: argparse.Namespace, prefix: list[str]) -> DflashApp:
         python=profile.python,
         launch_defaults=form_defaults(profile.launch),
         theme=profile.theme,
-        remember=remember_in(profile.name),
+        remember=remember_in(profile),
         remembered_min_ready=profile.launch.hs_min_ready,
     )
     return DflashApp(transport, options)
@@ -155,10 +155,16 @@ def check_theme(name: str | None) -> None:
         raise UsageError(f"--theme: unknown theme {name!r} (known: {', '.join(known)})")
 
 
-def remember_in(profile_name: str) -> Callable[[str, Any], None]:
+def remember_in(profile: Profile) -> Callable[[str, Any], None]:
+    # A profile first created by remembering holds only the destination: flags such as
+    # --watch or --run-dir of this one session must not become the profile's defaults.
+    destination_only = Profile(
+        profile.name, host=profile.host, port=profile.port, user=profile.user
+    )
+
     def store(key: str, value: Any) -> None:
         try:
-            remember(profile_name, key, value)
+            remember(profile.name, key, value, new=destination_only)
         except ProfileError as exc:
             raise OSError(str(exc)) from None
 

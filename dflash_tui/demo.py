@@ -163,7 +163,7 @@ async def start_demo_run(app: DflashApp, paths: DemoPaths) -> None:
 def run_demo(*, watch: bool = False, theme: str | None = None) -> int:
     from dflash_tui.app import ConsoleOptions, DflashApp
     from dflash_tui.cli import remember_in
-    from dflash_tui.sources.profiles import load_config
+    from dflash_tui.sources.profiles import Profile, load_config
     from dflash_tui.sources.transport import LocalTransport
 
     paths = DemoPaths.default()
@@ -182,7 +182,7 @@ def run_demo(*, watch: bool = False, theme: str | None = None) -> int:
         python=sys.executable,
         launch_defaults=defaults,
         theme=theme,
-        remember=remember_in("demo"),
+        remember=remember_in(Profile("demo")),
         remembered_min_ready=None if remembered is None else remembered.launch.hs_min_ready,
     )
 

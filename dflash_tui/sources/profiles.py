@@ -244,13 +244,21 @@ def save_config(config: Config, path: Path | None = None) -> None:
 REMEMBERED = {"theme": "theme", "hs_min_ready": "launch.hs_min_ready"}
 
 
-def remember(profile: str, key: str, value: str | int, path: Path | None = None) -> Profile:
+def remember(
+    profile: str,
+    key: str,
+    value: str | int,
+    path: Path | None = None,
+    *,
+    new: Profile | None = None,
+) -> Profile:
     """Store what the operator last chose (the theme, the last hs_min_ready) in the
-    profile, creating it when new; other entries of the file are kept as they were."""
+    profile, creating it from `new` when absent (for a `user@host` console: its
+    destination, so the name keeps meaning that host); other entries are kept as they were."""
     if key not in REMEMBERED:
         raise ProfileError(f"{key}: not a remembered setting (known: {', '.join(REMEMBERED)})")
     config = load_config(path)
-    current = config.profiles.get(profile, Profile(profile))
+    current = config.profiles.get(profile, new or Profile(profile))
     if key == "theme":
         updated = replace(current, theme=_check("theme", value, str, "text"))
     else:

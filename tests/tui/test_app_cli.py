@@ -97,6 +97,21 @@ def test_profile_with_flags_on_top(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert adhoc.command_prefix() == ("docker", "exec", "t") and adhoc.run_dir == "/data/runs/r1"
 
 
+def test_remembering_for_a_host_keeps_it_a_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen in tmux: `m` on a `root@host:port` console stored a profile of that name holding
+    only hs_min_ready, and the next console for the same destination ran locally."""
+    monkeypatch.setenv("DFLASH_CONFIG", str(tmp_path / "config.toml"))
+    args, prefix = parse("root@127.0.0.1:2222", "--watch", "--run-dir", "/r")
+    cli.remember_in(cli.choose_profile(args, prefix))("hs_min_ready", 4)
+    args, prefix = parse("root@127.0.0.1:2222")
+    again = cli.choose_profile(args, prefix)
+    assert (again.host, again.user, again.port) == ("127.0.0.1", "root", 2222)
+    assert again.launch.hs_min_ready == 4
+    assert not again.watch and again.run_dir != "/r"  # one session's flags are not stored
+
+
 def test_unknown_theme_name_is_refused() -> None:
     with pytest.raises(cli.UsageError, match=r"unknown theme 'neon' \(known: dflash-dark"):
         cli.check_theme("neon")
