@@ -57,6 +57,10 @@ class LaunchForm(ModalScreen[list[str] | None]):
         error.set_class(bool(message), "shown")
         self.query_one(f"#field-{name}", Input).set_class(bool(message), "invalid")
 
+    def on_mount(self) -> None:
+        # Without this the scrolling container takes the focus and typing goes nowhere.
+        self.query_one(f"#field-{LAUNCH_FIELDS[0].name}", Input).focus()
+
     @on(Input.Changed)
     def _check_one(self, event: Input.Changed) -> None:
         name = (event.input.id or "").removeprefix("field-")

@@ -59,6 +59,10 @@ async def test_launch_form_refuses_each_bad_field_and_sends_nothing(tmp_path: Pa
         await pilot.press("l")
         form = app.screen
         assert isinstance(form, LaunchForm)
+        # typing goes into the first field at once (seen in tmux: it went nowhere)
+        await pilot.press("x")
+        assert form.query_one("#field-target_model", Input).value.endswith("x")
+        form.query_one("#field-target_model", Input).value = defaults["target_model"]
         for name, (bad, message) in BAD_INPUT.items():
             field = form.query_one(f"#field-{name}", Input)
             good = field.value
