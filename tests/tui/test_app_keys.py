@@ -20,7 +20,7 @@ from dflash_tui.screens.main import PANE_IDS
 from dflash_tui.screens.min_ready_prompt import MinReadyPrompt
 from dflash_tui.screens.reply import ReplyDialog
 from dflash_tui.screens.restart_dialog import RestartDialog
-from dflash_tui.sources.profiles import load_config
+from dflash_tui.sources.profiles import Profile, load_config
 from dflash_tui.widgets.header import RunHeader
 from dflash_tui.widgets.loss_plot import LossPane
 from tests.tui.console_harness import (
@@ -137,7 +137,7 @@ async def test_restart_resume_with_override_sends_it(tmp_path: Path) -> None:
 async def test_min_ready_is_sent_and_remembered_in_the_profile(
     tmp_path: Path, config_file: Path
 ) -> None:
-    async with attached(make_run_dir(tmp_path), remember=remember_in("box")) as (
+    async with attached(make_run_dir(tmp_path), remember=remember_in(Profile("box"))) as (
         app,
         pilot,
         transport,
@@ -175,7 +175,11 @@ async def test_number_keys_toggle_panes(tmp_path: Path) -> None:
 
 
 async def test_theme_key_cycles_and_is_remembered(tmp_path: Path, config_file: Path) -> None:
-    async with attached(make_run_dir(tmp_path), remember=remember_in("box")) as (app, pilot, _):
+    async with attached(make_run_dir(tmp_path), remember=remember_in(Profile("box"))) as (
+        app,
+        pilot,
+        _,
+    ):
         assert app.theme == "dflash-dark"
         seen = [app.theme]
         for _ in app.theme_names:
