@@ -206,7 +206,15 @@ class DflashApp(App[None]):
         if where in self._host_prompts:
             return
         if exc.fingerprint in self._trusted_keys:
-            self.connect_and_follow()
+            # A failure from before the trust reached us late: restart only what is not
+            # running already (cancelling a follow that is connecting would stall it).
+            running = {w.name for w in self.workers if w.is_running}
+            if "follow" not in running:
+                self.connect_and_follow()
+            elif self.options.follow_gpus and "gpus" not in running:
+                self.run_worker(
+                    self.session.follow_gpus(), group="gpus", name="gpus", exclusive=True
+                )
             return
         self._host_prompts.add(where)
 
