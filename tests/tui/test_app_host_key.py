@@ -35,6 +35,8 @@ async def test_trust_on_explicit_yes_then_follow(
     app = ssh_console(inproc_server, client_key, known, run_dir)
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_until(pilot, lambda: bool(app.screen.query("#trust")))
+        # the prompt focuses "refuse" once mounted; focusing "trust" before that loses
+        await wait_until(pilot, lambda: getattr(app.focused, "id", None) == "refuse")
         prompt = app.screen
         assert isinstance(prompt, HostKeyPrompt)
         assert prompt.fingerprint == fingerprint(inproc_server.host_key)
@@ -77,9 +79,16 @@ async def test_one_prompt_when_stream_and_gpu_follow_both_meet_the_unknown_key(
     app = ssh_console(inproc_server, client_key, known, run_dir, gpus=True)
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_until(pilot, lambda: bool(app.screen.query("#trust")))
+        # the prompt focuses "refuse" once mounted; focusing "trust" before that loses
+        await wait_until(pilot, lambda: getattr(app.focused, "id", None) == "refuse")
         app.screen.query_one("#trust").focus()
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.state.step == 299)
+        try:
+            await wait_until(pilot, lambda: app.state.step == 299)
+        except AssertionError:
+            notes = [n.text for n in app.notes]
+            workers = [(w.name, w.state) for w in app.workers]
+            raise AssertionError(f"no stream after trusting: {notes} {workers}") from None
         await pilot.pause(0.5)
         prompts = [s for s in app.screen_stack if isinstance(s, HostKeyPrompt)]
         assert prompts == []
