@@ -2,6 +2,12 @@
 # One device session on an H200 box (2 GPUs): NVML telemetry, a real detached training run
 # through the control plane on GPUs, and the pipeline benchmark. Writes results to $OUT.
 # Usage (repo root): OUT=/tmp/out bash bench/h200_session.sh [quick]
+# The GPU image lacks two things; carry them (both ignored by git, rebuild them here first):
+#   .whl/      python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12
+#              --implementation cp --platform manylinux_2_28_x86_64 -d .whl
+#              datasets==5.2.0 dill multiprocess platformdirs
+#   .devcarry/cache/models/smollm2-135m-instruct/  the tokenizer files and config.json of the
+#              converted SmolLM2 (random: presets borrow its tokenizer; no weights needed)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export DFLASH_CACHE_DIR="${DFLASH_CACHE_DIR:-$PWD/.devcarry/cache}"
