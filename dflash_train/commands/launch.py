@@ -114,10 +114,17 @@ def _reply(args: argparse.Namespace) -> protocol.Reply:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    # A dropped SSH channel must not end us mid-verification: a trainer hanging at
-    # start-up would be left half-alive with nobody to end its process group.
+def reply_ignoring_hangup(
+    make_reply: Callable[[argparse.Namespace], protocol.Reply], args: argparse.Namespace
+) -> int:
+    """Runs a command that starts a trainer. A dropped SSH channel must not end us
+    mid-verification: a trainer hanging at start-up would be left half-alive with nobody
+    to end its process group."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    reply = _reply(args)
+    reply = make_reply(args)
     print_reply(reply)
     return 0 if reply.ok else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    return reply_ignoring_hangup(_reply, args)

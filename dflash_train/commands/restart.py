@@ -5,14 +5,13 @@ the overrides applied. A bad override is refused before anything is stopped."""
 from __future__ import annotations
 
 import argparse
-import signal
 
 from dflash_train import protocol
 from dflash_train.commands.launch import (
     MIB,
     add_start_options,
     check_start_options,
-    print_reply,
+    reply_ignoring_hangup,
     split_rest,
 )
 from dflash_train.control.preflight import ArgumentError
@@ -88,9 +87,4 @@ def _reply(args: argparse.Namespace) -> protocol.Reply:
 
 
 def run(args: argparse.Namespace) -> int:
-    # A dropped SSH channel must not end us mid-verification: a trainer hanging at
-    # start-up would be left half-alive with nobody to end its process group.
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    reply = _reply(args)
-    print_reply(reply)
-    return 0 if reply.ok else 1
+    return reply_ignoring_hangup(_reply, args)
