@@ -1,45 +1,121 @@
 #!/usr/bin/env bash
-# One device session on an H200 box (2 GPUs): NVML telemetry, a real detached training run
-# through the control plane on GPUs, and the pipeline benchmark. Writes results to $OUT.
-# Usage (repo root): OUT=/tmp/out bash bench/h200_session.sh [quick]
-# The GPU image lacks two things; carry them (both ignored by git, rebuild them here first):
+# One device session on an H200 box with 2 GPUs, in two stages that each fit one 10-minute call:
+#   runs   NVML telemetry; a real detached training run through the control plane (target on
+#          GPU 0, drafter on GPU 1, a live `set`); a DDP run over NCCL with two drafter ranks
+#          (each GPU holds a target replica and a drafter rank), restarted mid-run (SIGTERM,
+#          checkpoint, resume) and run to the end.
+#   bench  bench/pipeline.py on random:qwen3-8b, then on the random:qwen3.5-27b hybrid (with
+#          flash-linear-attention when it runs there, else transformers' reference kernels).
+# Usage (repo root): OUT=/tmp/out bash bench/h200_session.sh runs|bench
+# Everything lands in $OUT/<stage>.tar.gz (status streams, JSON replies, logs, bench JSON).
+# The GPU image lacks a few packages; carry them (ignored by git, rebuild them here first):
 #   .whl/      python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12
 #              --implementation cp --platform manylinux_2_28_x86_64 -d .whl
 #              datasets==5.2.0 dill multiprocess platformdirs
+#   .whl_fla/  the same command with -d .whl_fla flash-linear-attention==0.6.0 fla-core==0.6.0
 #   .devcarry/cache/models/smollm2-135m-instruct/  the tokenizer files and config.json of the
 #              converted SmolLM2 (random: presets borrow its tokenizer; no weights needed)
 set -uo pipefail
+stage="${1:?usage: h200_session.sh runs|bench}"
+work="/tmp/h200_$stage"
+mkdir -p "$work"
+trap 'tar -czf "$OUT/$stage.tar.gz" -C "$work" .' EXIT
+exec > >(tee -a "$work/session.log") 2>&1
+SECONDS=0
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export DFLASH_CACHE_DIR="${DFLASH_CACHE_DIR:-$PWD/.devcarry/cache}"
+export PYTHONPATH="$PWD"
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH="/tmp/site:$PWD"
 fi
 py=python3
-$py -c "import torch,pyarrow,transformers;print('torch',torch.__version__,'pyarrow',pyarrow.__version__,'transformers',transformers.__version__,'gpus',torch.cuda.device_count())" | tee "$OUT/env.txt"
-nvidia-smi --query-gpu=index,name,power.limit,memory.total --format=csv | tee -a "$OUT/env.txt"
+say() { echo "== [$SECONDS s] $*"; }
+$py -c "import torch,pyarrow,transformers;print('torch',torch.__version__,'pyarrow',pyarrow.__version__,'transformers',transformers.__version__,'gpus',torch.cuda.device_count())" | tee "$work/env.txt"
+nvidia-smi --query-gpu=index,name,power.limit,memory.total --format=csv | tee -a "$work/env.txt"
 
-echo "== gpus (NVML)"; $py -m dflash_train gpus | tee "$OUT/gpus.json"
-
-echo "== synthetic data"; $py bench/synthetic_dataset.py --out /tmp/synth --samples 3000 --min-len 512 --max-len 4096
-
-echo "== real run: launch on GPUs (target 0, drafter 1)"
-run=/tmp/run_gpu
 # launch passes an explicit environment: name what the trainer needs here.
-envs=(--env "PYTHONPATH=${PYTHONPATH:-}" --env "DFLASH_CACHE_DIR=$DFLASH_CACHE_DIR" --env NCCL_NVLS_ENABLE=0
-      --env TORCH_SYMM_MEM_DISABLE_MULTICAST=1 --env NVSHMEM_DISABLE_NVLS=1)
-$py -m dflash_train launch "$run" --wait 300 "${envs[@]}" -- --target-model random:qwen3-8b --data-dir /tmp/synth \
-  --target-gpus 0 --drafter-gpus 1 --max-steps "${STEPS:-150}" --hs-queue-depth 8 --hs-min-ready 2 \
-  --tokens-per-batch 16384 --num-anchors 512 --save-every 100 --log-every 5 | tee "$OUT/launch.json"
-sleep 20
-$py -m dflash_train set "$run" hs_min_ready 4 | tee "$OUT/set.json"
-for _ in $(seq 1 60); do
-  state=$($py -m dflash_train status "$run" | tee "$OUT/status.json" | $py -c "import json,sys;print(json.load(sys.stdin)['state'])")
-  [ "$state" = running ] || break; sleep 5
-done
-cp "$run/status.jsonl" "$OUT/run_status.jsonl"; tail -n 40 "$run/train.log" > "$OUT/train_log_tail.txt"
-[ "${1:-}" = quick ] && exit 0
+envs=(--env "PYTHONPATH=$PYTHONPATH" --env "DFLASH_CACHE_DIR=$DFLASH_CACHE_DIR" --env NCCL_NVLS_ENABLE=0
+      --env TORCH_SYMM_MEM_DISABLE_MULTICAST=1 --env NVSHMEM_DISABLE_NVLS=1 --env PYTHONUNBUFFERED=1)
+field() { $py -c "import json,sys;print(json.load(sys.stdin).get('$1'))"; }
 
-echo "== pipeline bench qwen3-8b (1 target + 1 drafter)"
-timeout "${BENCH_TIMEOUT:-360}" $py bench/pipeline.py --target random:qwen3-8b --target-gpus 0 --drafter-gpu 1 --seconds "${BENCH_SECONDS:-20}" \
-  --out "$OUT/pipeline_qwen3-8b.json" 2>&1 | tee "$OUT/pipeline_qwen3-8b.log"
+# Poll `status` until the run is no longer running or `limit` seconds pass; then stop it.
+wait_done() {
+  local run=$1 limit=$2 name=$3 start=$SECONDS state
+  while [ $((SECONDS - start)) -lt "$limit" ]; do
+    state=$($py -m dflash_train status "$run" | tee "$work/$name.status.json" | field state)
+    [ "$state" = running ] || break
+    sleep 5
+  done
+  say "$name: state $state after $((SECONDS - start)) s"
+  [ "$state" = running ] && $py -m dflash_train stop "$run" | tee "$work/$name.stop.json"
+  cp "$run/status.jsonl" "$work/$name.status.jsonl"
+  cp "$run/run.json" "$work/$name.run.json" 2>/dev/null
+  tail -n 60 "$run/train.log" > "$work/$name.train_log_tail.txt"
+}
+
+# Wait until the run's last step reaches `step` (or `limit` seconds pass).
+wait_step() {
+  local run=$1 step=$2 limit=$3 start=$SECONDS last
+  while [ $((SECONDS - start)) -lt "$limit" ]; do
+    last=$($py -m dflash_train status "$run" | field last_step)
+    [ "$last" != None ] && [ "$last" -ge "$step" ] && break
+    sleep 3
+  done
+  say "reached step ${last:-?} after $((SECONDS - start)) s"
+}
+
+if [ "$stage" = runs ]; then
+  say "gpus (NVML)"; $py -m dflash_train gpus | tee "$work/gpus.json"
+  say "synthetic data"; $py bench/synthetic_dataset.py --out /tmp/synth --samples 3000 --min-len 512 --max-len 4096
+  common=(--target-model random:qwen3-8b --data-dir /tmp/synth --draft-layers 2 --hs-queue-depth 8
+          --hs-min-ready 2 --tokens-per-batch 16384 --num-anchors 512)
+
+  say "real run: launch, target GPU 0, drafter GPU 1"
+  run=/tmp/run_single
+  $py -m dflash_train launch "$run" --wait 240 "${envs[@]}" -- "${common[@]}" \
+    --target-gpus 0 --drafter-gpus 1 --max-steps 45 --save-every 20 --log-every 5 | tee "$work/single.launch.json"
+  wait_step "$run" 10 120
+  $py -m dflash_train set "$run" hs_min_ready 4 | tee "$work/single.set.json"
+  $py -m dflash_train gpus | tee "$work/single.gpus_during.json"
+  wait_done "$run" 180 single
+
+  say "DDP run: 2 drafter ranks over NCCL, targets on GPUs 0 and 1"
+  run=/tmp/run_ddp
+  $py -m dflash_train launch "$run" --wait 240 "${envs[@]}" -- "${common[@]}" \
+    --target-gpus 0,1 --drafter-gpus 0,1 --max-steps 40 --save-every 0 --log-every 2 | tee "$work/ddp.launch.json"
+  wait_step "$run" 12 120
+  say "restart (SIGTERM, checkpoint, resume)"
+  $py -m dflash_train restart "$run" --wait 240 "${envs[@]}" | tee "$work/ddp.restart.json"
+  wait_done "$run" 150 ddp
+  ls -la "$run/checkpoints" > "$work/ddp.checkpoints.txt"
+  say "runs stage done"
+  exit 0
+fi
+
+say "pipeline bench random:qwen3-8b (target GPU 0, drafter GPU 1)"
+timeout 280 $py bench/pipeline.py --target random:qwen3-8b --target-gpus 0 --drafter-gpu 1 \
+  --seconds "${BENCH_SECONDS:-25}" --deadline 220 --out "$work/pipeline_qwen3-8b.json"
+
+say "flash-linear-attention probe"
+fla_path=""
+if [ -d .whl_fla ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site_fla .whl_fla/*.whl
+  if PYTHONPATH="/tmp/site_fla:$PYTHONPATH" timeout 120 $py - <<'EOF'
+import torch
+from transformers.utils.import_utils import is_flash_linear_attention_available
+from dflash_train.target_presets import RANDOM_PRESETS, build_random_model
+assert is_flash_linear_attention_available(), "transformers does not see fla"
+model = build_random_model(RANDOM_PRESETS["tiny-hybrid"], torch.device("cuda"), torch.bfloat16)
+with torch.inference_mode():
+    out = model(input_ids=torch.randint(0, 1000, (2, 512), device="cuda"))
+assert torch.isfinite(out.logits).all()
+print("fla runs")
+EOF
+  then fla_path="/tmp/site_fla:"; fi
+fi
+say "pipeline bench random:qwen3.5-27b hybrid (fla: ${fla_path:+yes})"
+PYTHONPATH="$fla_path$PYTHONPATH" timeout $((560 - SECONDS)) $py bench/pipeline.py --target random:qwen3.5-27b \
+  --target-gpus 0 --drafter-gpu 1 --seconds "${BENCH_SECONDS:-25}" --deadline $((480 - SECONDS)) \
+  --out "$work/pipeline_qwen3.5-27b.json"
+say "bench stage done"

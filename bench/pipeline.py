@@ -5,6 +5,7 @@ starvation, monitor overhead, and the balanced target:drafter split for 8 GPUs.
     python bench/pipeline.py --out bench.json                       # random:qwen3-8b on GPU 0
     python bench/pipeline.py --target random:qwen3.5-27b --target-gpus 0,1 --drafter-gpu 2
     python bench/pipeline.py --device cpu --smoke --out /tmp/b.json  # seconds, on a laptop
+    python bench/pipeline.py --target random:qwen3.5-27b --device cpu --smoke  # tiny hybrid
 
 Run it from the repository root with the package installed (or PYTHONPATH=.).
 
@@ -37,6 +38,11 @@ from dflash_train.targets import RANDOM_PRESETS, Target, extract_context, load_t
 
 # Dense bf16 peaks by device name (vendor datasheets); unknown GPUs get no MFU.
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
+SMOKE_TARGETS = {
+    "random:qwen3-8b": "random:tiny",
+    "random:qwen3-32b": "random:tiny",
+    "random:qwen3.5-27b": "random:tiny-hybrid",
+}
 
 
 def log(message: str) -> None:
@@ -63,7 +69,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("bench_pipeline.json"))
     args = p.parse_args()
     if args.smoke:
-        args.target = "random:tiny" if args.target == "random:qwen3-8b" else args.target
+        # The same architecture at CPU size: dense stays dense, the hybrid stays hybrid.
+        args.target = SMOKE_TARGETS.get(args.target, args.target)
         args.seconds, args.seq_len, args.rows, args.num_anchors = 3.0, 128, 2, 16
         args.draft_layers, args.target_layers, args.block_size = 1, 2, 4
     return args
@@ -86,6 +93,20 @@ def build_target(spec: str, device: torch.device) -> Target:
         spec, model, None, preset.num_layers, preset.hidden_size,
         int(embed.weight.shape[0]), embed, model.get_output_embeddings(),
     )  # fmt: skip
+
+
+def linear_attention_kernels(target: Target) -> dict[str, bool] | None:
+    """For a hybrid target, whether transformers found the fast Gated-DeltaNet kernels: without
+    them it runs a much slower reference implementation, and the target rate says so."""
+    if "linear_attention" not in getattr(target.model.config, "layer_types", []):
+        return None
+    from transformers.utils import import_utils
+
+    checks = {
+        "fla": "is_flash_linear_attention_available",
+        "causal_conv1d": "is_causal_conv1d_available",
+    }
+    return {name: bool(getattr(import_utils, fn, lambda: False)()) for name, fn in checks.items()}
 
 
 def _dtype(device: torch.device) -> torch.dtype:
@@ -223,6 +244,8 @@ def main() -> int:
     start = time.perf_counter()
     targets = [build_target(args.target, d) for d in target_devices]
     results["target_load_s"] = round(time.perf_counter() - start, 1)
+    results["architecture"] = targets[0].model.config.model_type
+    results["linear_attention_kernels"] = linear_attention_kernels(targets[0])
 
     from dflash_train.drafter import DFlashDrafter, drafter_config_for_target
 

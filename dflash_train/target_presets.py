@@ -84,6 +84,35 @@ RANDOM_PRESETS: dict[str, RandomPreset] = {
             "head_dim": 128,
         },
     ),
+    # The hybrid architecture at CPU-test size (linear-attention layers run transformers'
+    # torch fallback here), so the hybrid path is tested where CI runs.
+    "tiny-hybrid": RandomPreset(
+        "qwen3_5_text",
+        {
+            "vocab_size": SMOLLM2_VOCAB,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 8,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "linear_conv_kernel_dim": 4,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "full_attention_interval": 4,
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": False,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10_000_000.0,
+                "partial_rotary_factor": 0.25,
+            },
+        },
+    ),
     # Qwen3.5-27B-class hybrid: 3 Gated-DeltaNet (linear attention) layers per full-attention
     # layer, transformers' `qwen3_5_text` model type.
     "qwen3.5-27b": RandomPreset(

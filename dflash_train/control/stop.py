@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 from dflash_train import protocol
@@ -18,6 +19,9 @@ from dflash_train.status_writer import StatusWriter, last_record
 POLL_S = 0.1
 KILL_WAIT_S = 15.0
 KILLED_EXIT_CODE = 128 + signal.SIGKILL
+# The lock frees before the interpreter and its CUDA contexts are gone; a restart's GPU
+# preflight right after must not find the old trainer still on the GPU.
+EXIT_WAIT_S = 20.0
 
 
 def _wait_unlocked(run_dir: RunDir, seconds: float) -> bool:
@@ -42,6 +46,33 @@ def _process_group(run_dir: RunDir, record: dict[str, Any]) -> tuple[int | None,
         return holder, os.getpgid(holder)
     except ProcessLookupError:
         return holder, None
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of a process group, read from /proc: a zombie has freed
+    its memory and GPUs, and one nobody reaps would otherwise look alive forever."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        # Fields after the parenthesised command: state, ppid, pgrp, ...
+        state, _ppid, pgrp = stat.rsplit(")", 1)[1].split()[:3]
+        if int(pgrp) == pgid and state != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def _wait_group_exited(pgid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _group_members(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_S)
+    return True
 
 
 def _mark_killed(run_dir: RunDir, run_id: str, waited: float) -> bool:
@@ -99,6 +130,7 @@ def stop_run(run_dir: RunDir, *, timeout_s: float) -> protocol.Reply:
                 pid=pid,
                 pgid=pgid,
             )
+    exited = _wait_group_exited(pgid, EXIT_WAIT_S)
     waited = round(time.monotonic() - started, 2)
     facts = find_lines(run_dir.status, run_id, after_seq=before)
     end = facts.run_end
@@ -114,4 +146,5 @@ def stop_run(run_dir: RunDir, *, timeout_s: float) -> protocol.Reply:
         reason=end.get("reason") if end else None,
         exit_code=end.get("exit_code") if end else None,
         step=end.get("step") if end else None,
+        exited=exited,
     )

@@ -70,6 +70,15 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
 
 
+def _alive(pid: int) -> bool:
+    """Running (not a zombie nobody has reaped yet)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
 def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> protocol.StatusLine:
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
@@ -246,6 +255,10 @@ def test_fresh_restart_then_stop_by_term(run_dir: Path) -> None:
         "signal",
         0,
     )
+    # stop answers once the trainer's processes are gone, not merely once the lock is free:
+    # a restart's GPU preflight comes right after it.
+    assert reply.data["exited"] is True
+    assert _alive(reply.data["pid"]) is False
     # The trainer checkpointed on SIGTERM at the step its run_end names.
     assert (run_dir / "checkpoints" / f"step_{reply.data['step']:07d}").is_dir()
     _, status = cli("status", str(run_dir))

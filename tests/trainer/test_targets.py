@@ -133,6 +133,22 @@ def test_extract_context_equals_output_hidden_states_tiny(
     torch.testing.assert_close(got, _reference_context(tiny_target, ids, mask, layer_ids))
 
 
+@pytest.mark.parametrize("layer_ids", [[1, 3], [0, 3, 6], [7]], ids=["pair", "k3", "last"])
+def test_extract_context_on_the_hybrid_equals_output_hidden_states(
+    model_cache: None, layer_ids: list[int]
+) -> None:
+    # Linear-attention (Gated DeltaNet) layers carry a recurrent state and a causal conv:
+    # the early stop after the deepest hooked layer must not change what those layers see.
+    torch.manual_seed(0)
+    hybrid = targets.load_target("random:tiny-hybrid", "cpu", torch.float32)
+    assert hybrid.model.config.layer_types[3] == "full_attention"
+    ids = torch.randint(0, hybrid.vocab_size, (2, 23))
+    mask = torch.ones_like(ids)
+    mask[1, 15:] = 0  # right padding
+    got = extract_context(hybrid, ids, mask, layer_ids)
+    torch.testing.assert_close(got, _reference_context(hybrid, ids, mask, layer_ids))
+
+
 def test_extract_context_equals_output_hidden_states_smollm2(smollm2: Target) -> None:
     layer_ids = target_layer_ids(smollm2.num_layers, 3)
     ids = smollm2.tokenizer("The capital of France is Paris.", return_tensors="pt").input_ids

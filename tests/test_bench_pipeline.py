@@ -1,0 +1,47 @@
+"""bench/pipeline.py runs where CI runs (`--device cpu --smoke`), so the GPU benchmark does
+not rot between device sessions: every section produces a rate and the summary is whole."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SECTIONS = (
+    "target_forward_only",
+    "drafter_step_only",
+    "sync_pipeline",
+    "async_pipeline",
+    "async_pipeline_monitored",
+)
+
+
+@pytest.mark.parametrize(
+    ("target", "architecture"),
+    [("random:qwen3-8b", "qwen3"), ("random:qwen3.5-27b", "qwen3_5_text")],
+    ids=["dense", "hybrid"],
+)
+def test_pipeline_bench_smoke_on_cpu(tmp_path: Path, target: str, architecture: str) -> None:
+    out = tmp_path / "bench.json"
+    argv = [sys.executable, "bench/pipeline.py", "--device", "cpu", "--smoke",
+            "--target", target, "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["architecture"] == architecture
+    for section in SECTIONS:
+        assert "error" not in result[section], (section, result[section])
+        assert result[section]["ktok_s"] > 0 and result[section]["iters"] >= 1
+    summary = result["summary"]
+    assert summary["async_ktok_s"] == pytest.approx(result["async_pipeline"]["ktok_s"], rel=1e-3)
+    split = summary["balanced_split_8_gpus"]
+    assert split["target_gpus"] + split["drafter_gpus"] == 8
+    assert summary["pipeline_efficiency"] > 0
+    assert 0 <= summary["drafter_starved"] <= 1
+    assert "monitor_overhead" in summary
