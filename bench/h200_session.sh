@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# One device session on an H200 box with 2 GPUs, in two stages that each fit one 10-minute call:
-#   runs   NVML telemetry; a real detached training run through the control plane (target on
-#          GPU 0, drafter on GPU 1, a live `set`); a DDP run over NCCL with two drafter ranks
-#          (each GPU holds a target replica and a drafter rank), restarted mid-run (SIGTERM,
-#          checkpoint, resume) and run to the end.
-#   bench  bench/pipeline.py on random:qwen3-8b, then on the random:qwen3.5-27b hybrid (with
-#          flash-linear-attention when it runs there, else transformers' reference kernels).
-# Usage (repo root): OUT=/tmp/out bash bench/h200_session.sh runs|bench
-# Everything lands in $OUT/<stage>.tar.gz (status streams, JSON replies, logs, bench JSON).
+# One device session on an H200 box with 2 GPUs, in stages; pick those that fit one 10-minute
+# call (runs ~5 min, bench ~6 min):
+#   single  NVML telemetry; a real detached training run through the control plane (target on
+#           GPU 0, drafter on GPU 1, a live `set`), run to the end.
+#   ddp     a DDP run over NCCL with two drafter ranks (each GPU holds a target replica and a
+#           drafter rank), restarted mid-run (SIGTERM, checkpoint, resume), run to the end.
+#   bench8b bench/pipeline.py on random:qwen3-8b.
+#   hybrid  bench/pipeline.py on the random:qwen3.5-27b hybrid, 4 x 2048-token batches (8 rows
+#           do not fit beside a 1.8B drafter without activation checkpointing), with
+#           flash-linear-attention when it runs there, else transformers' reference kernels.
+#   runs = single ddp; bench = bench8b hybrid.
+# Usage (repo root): OUT=/tmp/out bash bench/h200_session.sh STAGE...
+# Everything lands in $OUT/session.tar.gz (status streams, JSON replies, logs, bench JSON).
 # The GPU image lacks a few packages; carry them (ignored by git, rebuild them here first):
 #   .whl/      python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12
 #              --implementation cp --platform manylinux_2_28_x86_64 -d .whl
@@ -16,10 +20,10 @@
 #   .devcarry/cache/models/smollm2-135m-instruct/  the tokenizer files and config.json of the
 #              converted SmolLM2 (random: presets borrow its tokenizer; no weights needed)
 set -uo pipefail
-stage="${1:?usage: h200_session.sh runs|bench}"
-work="/tmp/h200_$stage"
+[ $# -gt 0 ] || { echo "usage: h200_session.sh single|ddp|bench8b|hybrid|runs|bench ..."; exit 2; }
+work=/tmp/h200_session
 mkdir -p "$work"
-trap 'tar -czf "$OUT/$stage.tar.gz" -C "$work" .' EXIT
+trap 'tar -czf "$OUT/session.tar.gz" -C "$work" .' EXIT
 exec > >(tee -a "$work/session.log") 2>&1
 SECONDS=0
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -58,19 +62,24 @@ wait_done() {
 wait_step() {
   local run=$1 step=$2 limit=$3 start=$SECONDS last
   while [ $((SECONDS - start)) -lt "$limit" ]; do
-    last=$($py -m dflash_train status "$run" | field last_step)
+    read -r state last < <($py -m dflash_train status "$run" | $py -c "import json,sys;d=json.load(sys.stdin);print(d.get('state'),d.get('last_step'))")
+    case $state in finished|crashed|not_started) break ;; esac  # do not wait out the limit
     [ "$last" != None ] && [ "$last" -ge "$step" ] && break
     sleep 3
   done
   say "reached step ${last:-?} after $((SECONDS - start)) s"
 }
 
-if [ "$stage" = runs ]; then
-  say "gpus (NVML)"; $py -m dflash_train gpus | tee "$work/gpus.json"
+common=(--target-model random:qwen3-8b --data-dir /tmp/synth --draft-layers 2 --hs-queue-depth 8
+        --hs-min-ready 2 --tokens-per-batch 16384 --num-anchors 512)
+synthetic_data() {
+  [ -d /tmp/synth ] && return
   say "synthetic data"; $py bench/synthetic_dataset.py --out /tmp/synth --samples 3000 --min-len 512 --max-len 4096
-  common=(--target-model random:qwen3-8b --data-dir /tmp/synth --draft-layers 2 --hs-queue-depth 8
-          --hs-min-ready 2 --tokens-per-batch 16384 --num-anchors 512)
+}
 
+stage_single() {
+  say "gpus (NVML)"; $py -m dflash_train gpus | tee "$work/gpus.json"
+  synthetic_data
   say "real run: launch, target GPU 0, drafter GPU 1"
   run=/tmp/run_single
   $py -m dflash_train launch "$run" --wait 240 "${envs[@]}" -- "${common[@]}" \
@@ -79,7 +88,10 @@ if [ "$stage" = runs ]; then
   $py -m dflash_train set "$run" hs_min_ready 4 | tee "$work/single.set.json"
   $py -m dflash_train gpus | tee "$work/single.gpus_during.json"
   wait_done "$run" 180 single
+}
 
+stage_ddp() {
+  synthetic_data
   say "DDP run: 2 drafter ranks over NCCL, targets on GPUs 0 and 1"
   run=/tmp/run_ddp
   $py -m dflash_train launch "$run" --wait 240 "${envs[@]}" -- "${common[@]}" \
@@ -89,19 +101,20 @@ if [ "$stage" = runs ]; then
   $py -m dflash_train restart "$run" --wait 240 "${envs[@]}" | tee "$work/ddp.restart.json"
   wait_done "$run" 150 ddp
   ls -la "$run/checkpoints" > "$work/ddp.checkpoints.txt"
-  say "runs stage done"
-  exit 0
-fi
+}
 
-say "pipeline bench random:qwen3-8b (target GPU 0, drafter GPU 1)"
-timeout 280 $py bench/pipeline.py --target random:qwen3-8b --target-gpus 0 --drafter-gpu 1 \
-  --seconds "${BENCH_SECONDS:-25}" --deadline 220 --out "$work/pipeline_qwen3-8b.json"
+stage_bench8b() {
+  say "pipeline bench random:qwen3-8b (target GPU 0, drafter GPU 1)"
+  timeout 280 $py bench/pipeline.py --target random:qwen3-8b --target-gpus 0 --drafter-gpu 1 \
+    --seconds "${BENCH_SECONDS:-25}" --deadline 220 --out "$work/pipeline_qwen3-8b.json"
+}
 
-say "flash-linear-attention probe"
-fla_path=""
-if [ -d .whl_fla ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site_fla .whl_fla/*.whl
-  if PYTHONPATH="/tmp/site_fla:$PYTHONPATH" timeout 120 $py - <<'EOF'
+stage_hybrid() {
+  say "flash-linear-attention probe"
+  fla_path=""
+  if [ -d .whl_fla ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site_fla .whl_fla/*.whl
+    if PYTHONPATH="/tmp/site_fla:$PYTHONPATH" timeout 120 $py - <<'EOF'
 import torch
 from transformers.utils.import_utils import is_flash_linear_attention_available
 from dflash_train.target_presets import RANDOM_PRESETS, build_random_model
@@ -112,10 +125,20 @@ with torch.inference_mode():
 assert torch.isfinite(out.logits).all()
 print("fla runs")
 EOF
-  then fla_path="/tmp/site_fla:"; fi
-fi
-say "pipeline bench random:qwen3.5-27b hybrid (fla: ${fla_path:+yes})"
-PYTHONPATH="$fla_path$PYTHONPATH" timeout $((560 - SECONDS)) $py bench/pipeline.py --target random:qwen3.5-27b \
-  --target-gpus 0 --drafter-gpu 1 --seconds "${BENCH_SECONDS:-25}" --deadline $((480 - SECONDS)) \
-  --out "$work/pipeline_qwen3.5-27b.json"
-say "bench stage done"
+    then fla_path="/tmp/site_fla:"; fi
+  fi
+  say "pipeline bench random:qwen3.5-27b hybrid (fla: ${fla_path:+yes})"
+  PYTHONPATH="$fla_path$PYTHONPATH" timeout 300 $py bench/pipeline.py --target random:qwen3.5-27b \
+    --target-gpus 0 --drafter-gpu 1 --rows 4 --seconds "${BENCH_SECONDS:-25}" --deadline 230 \
+    --out "$work/pipeline_qwen3.5-27b.json"
+}
+
+for stage in "$@"; do
+  case $stage in
+    runs) stage_single; stage_ddp ;;
+    bench) stage_bench8b; stage_hybrid ;;
+    single|ddp|bench8b|hybrid) "stage_$stage" ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done
+say "done: $*"

@@ -87,7 +87,10 @@ def train(args: argparse.Namespace) -> int:
         _reap(children)
         if writer is not None:
             writer.close()
-        lock.release()
+        # The lock is not released here: the kernel drops it when this process is gone, after
+        # the interpreter and its CUDA contexts are torn down (seconds for a big drafter).
+        # A run that reads "finished" has left its GPUs, so a launch right after it does not
+        # find them busy.
 
 
 def _reap(children: list[subprocess.Popen[bytes]], timeout: float = 120.0) -> None:
