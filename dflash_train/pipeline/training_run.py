@@ -70,6 +70,8 @@ class TrainingRun:
         args = self.args
         drafters = args.drafter_gpus or (["cuda:0"] if torch.cuda.is_available() else ["cpu"])
         targets = args.target_gpus or drafters
+        self.all_target_devices = [str(torch.device(d)) for d in targets]
+        self.all_drafter_devices = [str(torch.device(d)) for d in drafters]
         self.device = torch.device(drafters[self.rank.rank])
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -261,14 +263,8 @@ class TrainingRun:
                 run_id=self.run_id,
                 config=self.config_record(),
             )
-        roles: dict[int, str] = {}
-        for device in self.target_devices:
-            if device.type == "cuda":
-                roles[device.index] = "target"
-        if self.device.type == "cuda":
-            roles[self.device.index] = "+".join(
-                filter(None, [roles.get(self.device.index), "drafter"])
-            )
+        # Rank 0's monitor reports every GPU of the run, the other ranks' ones too.
+        roles = gpu_roles(self.all_target_devices, self.all_drafter_devices)
         cuda = tuple({d for d in [*self.target_devices, self.device] if d.type == "cuda"})
         self.monitor = MonitorThread(
             self.writer,
@@ -311,8 +307,8 @@ class TrainingRun:
             "run_start",
             config=self.config_record(),
             topology={
-                "target": [str(d) for d in self.target_devices],
-                "drafter": self.args.drafter_gpus or [str(self.device)],
+                "target": self.all_target_devices,
+                "drafter": self.all_drafter_devices,
                 "world_size": self.rank.world_size,
                 "pipeline": self.args.pipeline,
             },
@@ -395,3 +391,15 @@ class TrainingRun:
         if self.group is not None:
             self.group.close()
             self.group = None
+
+
+def gpu_roles(target_devices: list[str], drafter_devices: list[str]) -> dict[int, str]:
+    """GPU index -> "target", "drafter" or "target+drafter" for the `gpu` lines."""
+    roles: dict[int, list[str]] = {}
+    for role, devices in (("target", target_devices), ("drafter", drafter_devices)):
+        for device in devices:
+            if device.startswith("cuda:"):
+                kinds = roles.setdefault(int(device.split(":", 1)[1]), [])
+                if role not in kinds:
+                    kinds.append(role)
+    return {index: "+".join(kinds) for index, kinds in roles.items()}

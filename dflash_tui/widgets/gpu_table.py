@@ -13,6 +13,9 @@ from textual.widgets import Static
 from dflash_tui.widgets import units
 
 HISTORY_WIDTH = 16
+ROLE_WIDTH = 8
+# A GPU that holds a target replica and a drafter rank (DDP on a small box) in the role column.
+ROLE_LABELS = {"target+drafter": "tgt+dft"}
 
 
 def level(value: float | None, warn: float, bad: float, *, low_is_bad: bool = False) -> str:
@@ -51,12 +54,16 @@ def render_gpus(
         temp = gpu.get("temp_c")
         mem_used, mem_total = gpu.get("mem_used"), gpu.get("mem_total")
         role = str(gpu.get("role") or "–")
+        role = ROLE_LABELS.get(role, role)[:ROLE_WIDTH]
         util_text = "   –" if util is None else f"{util:3.0f}%"
         watts = f"{_num(power)}/{_num(limit)}"
         memory = f"{units.mib_as_gib(mem_used)}/{units.mib_as_gib(mem_total)}"
         line = Text(no_wrap=True, overflow="ellipsis")
         line.append(f"{gpu['index']:>3}  ")
-        line.append(f"{role:<8} ", style=colours["primary"] if role == "drafter" else "")
+        line.append(
+            f"{role:<{ROLE_WIDTH}} ",
+            style=colours["primary"] if "drafter" in str(gpu.get("role")) else "",
+        )
         line.append(
             f"{units.bar(None if util is None else util / 100, 10)} {util_text}  ", style=util_style
         )
@@ -77,8 +84,8 @@ def _num(value: float | None) -> str:
 
 
 HEADER = (
-    f"{'gpu':>3}  {'role':<8} {'util':<15}  {'history':<{HISTORY_WIDTH}}  {'power W':>9}  "
-    f"{'temp':>5}  {'mem GiB':>13}"
+    f"{'gpu':>3}  {'role':<{ROLE_WIDTH}} {'util':<15}  {'history':<{HISTORY_WIDTH}}  "
+    f"{'power W':>9}  {'temp':>5}  {'mem GiB':>13}"
 )
 
 

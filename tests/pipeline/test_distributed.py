@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from dflash_train import protocol
+from dflash_train.pipeline.training_run import gpu_roles
 
 
 def test_two_gloo_ranks_train_and_rank0_writes(tmp_path: Path, prepared_data_dir: Path) -> None:
@@ -21,6 +22,7 @@ def test_two_gloo_ranks_train_and_rank0_writes(tmp_path: Path, prepared_data_dir
         "--data-dir", str(prepared_data_dir),
         "--output-dir", str(run_dir),
         "--drafter-gpus", "cpu,cpu",
+        "--target-gpus", "cpu,cpu",
         "--pipeline", "sync",
         "--max-steps", "3",
         "--save-every", "2",
@@ -38,7 +40,10 @@ def test_two_gloo_ranks_train_and_rank0_writes(tmp_path: Path, prepared_data_dir
     kinds = [line.kind for line in lines]  # type: ignore[union-attr]
     assert kinds.count("run_start") == 1 and kinds.count("run_end") == 1
     start = lines[0]
-    assert start["topology"]["world_size"] == 2 and start["topology"]["drafter"] == ["cpu", "cpu"]
+    topology = start["topology"]
+    assert topology["world_size"] == 2 and topology["drafter"] == ["cpu", "cpu"]
+    # The whole run's devices, not rank 0's share (rank 0 got one of the two targets).
+    assert topology["target"] == ["cpu", "cpu"]
     steps = [line for line in lines if line.kind == "step"]  # type: ignore[union-attr]
     assert [s["step"] for s in steps] == [1, 2, 3]
     assert lines[-1]["reason"] == "completed"
@@ -49,3 +54,16 @@ def test_two_gloo_ranks_train_and_rank0_writes(tmp_path: Path, prepared_data_dir
     assert saved[-1] == "step_0000003"
     state = torch.load(run_dir / "checkpoints" / saved[-1] / "optimizer.pt", weights_only=False)
     assert state["state"], "rank 0 saved a stepped optimizer"
+
+
+def test_gpu_roles_cover_every_rank_of_the_run() -> None:
+    # Seen on 2x H200: DDP with a target replica and a drafter rank on each GPU reported GPU 1
+    # with no role, because rank 0 named only its own share.
+    assert gpu_roles(["cuda:0", "cuda:1"], ["cuda:0", "cuda:1"]) == {
+        0: "target+drafter",
+        1: "target+drafter",
+    }
+    assert gpu_roles(["cuda:0", "cuda:1", "cuda:2"], ["cuda:3", "cuda:4"]) == {
+        0: "target", 1: "target", 2: "target", 3: "drafter", 4: "drafter",
+    }  # fmt: skip
+    assert gpu_roles(["cpu", "cpu"], ["cpu"]) == {}
