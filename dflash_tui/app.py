@@ -273,6 +273,13 @@ class DflashApp(App[None]):
         reply = message.reply
         if reply.ok:
             self.note("info", f"{message.command}: ok")
+            if message.command in ("launch", "restart") and self.connection in (
+                "reconnecting",
+                "failed",
+            ):
+                # The stream was waiting out its backoff on a run dir that had no run yet:
+                # the run exists now, so follow it at once.
+                self.connect_and_follow()
         else:
             self.note("error", f"{message.command}: {reply.error} [{reply.error_code}]")
         if message.command != "set" or not reply.ok:

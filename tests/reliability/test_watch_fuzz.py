@@ -22,9 +22,10 @@ from tests.tui.conftest import start_stream_writer
 
 WATCH_KEYS = 2000
 CONTROL_KEYS = 300
-# A seed whose sequence reaches a confirmed stop within its first 300 keys (seeds 1, 2, 3
-# and 5 do not: most keys land in dialogs), so the positive control stays short.
-CONTROL_SEED = 4
+# The positive control tries these seeds in turn until one reaches a mutating command. Which
+# seed does depends on the app's timing and screens (most keys land in dialogs), so a fixed
+# seed broke whenever the console changed; a handful keeps the control short and stable.
+CONTROL_SEEDS = (4, 7, 8, 9, 10, 11)
 BURST = 20
 # Keys that may open or close a screen end a burst: the next key must reach the screen
 # they lead to, as it would for a person who looks before typing on.
@@ -100,6 +101,7 @@ async def fuzz(
     seed: int,
     weights: list[int] | None = None,
 ) -> tuple[list[str], int]:
+    tmp_path = tmp_path / f"seed{seed}"
     run_dir = tmp_path / "run"
     writer = start_stream_writer(run_dir, "fuzzed", 100_000, 0.1)
     known = trusted(tmp_path / "known_hosts", server.port, server.host_key)
@@ -150,17 +152,22 @@ async def test_watch_mode_fuzz_sends_nothing_mutating(
 async def test_the_same_fuzzer_reaches_mutating_commands_when_controlling(
     inproc_server: InProcessServer, client_key: ClientKey, tmp_path: Path
 ) -> None:
-    received, typed = await fuzz(
-        inproc_server,
-        client_key,
-        tmp_path,
-        read_only=False,
-        keys=CONTROL_KEYS,
-        seed=CONTROL_SEED,
-        weights=CONTROL_WEIGHTS,
-    )
-    assert typed == CONTROL_KEYS
-    assert mutating(received), received
+    tried = []
+    for seed in CONTROL_SEEDS:
+        received, typed = await fuzz(
+            inproc_server,
+            client_key,
+            tmp_path,
+            read_only=False,
+            keys=CONTROL_KEYS,
+            seed=seed,
+            weights=CONTROL_WEIGHTS,
+        )
+        assert typed == CONTROL_KEYS
+        tried.append(seed)
+        if mutating(received):
+            return
+    raise AssertionError(f"no mutating command from seeds {tried}: {received}")
 
 
 async def test_every_theme_the_palette_offers_draws(

@@ -12,6 +12,7 @@ import pytest
 from textual.widgets import Input
 
 from dflash_tui.screens.reply import ReplyDialog
+from dflash_tui.sources.backoff import Backoff
 from dflash_tui.widgets.header import RunHeader
 from tests.tui.console_harness import console_app, press_button, wait_for_controls, wait_until
 
@@ -82,3 +83,31 @@ async def test_launch_set_and_stop_a_real_run(tmp_path: Path, tiny_data: Path) -
         )  # fmt: skip
     subcommands = transport.subcommands()
     assert [c for c in subcommands if c in ("launch", "set", "stop")] == ["launch", "set", "stop"]
+
+
+async def test_a_launch_into_a_new_run_dir_is_followed_at_once(
+    tmp_path: Path, tiny_data: Path
+) -> None:
+    """Seen in tmux: with no run dir yet the stream waits out its reconnect backoff, so the
+    launched run's lines appeared only up to 30 s later. Here the backoff is an hour: the
+    steps can only arrive because a successful launch restarts the follow."""
+    run_dir = tmp_path / "new-run"  # does not exist: `tail` fails until launch makes it
+    app, _ = console_app(run_dir, defaults={**TINY_TRAIN, "data_dir": str(tiny_data)})
+    app.session.backoff = Backoff(initial=3600.0, cap=3600.0, jitter=0.0)
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_until(pilot, lambda: app.connection == "reconnecting", timeout=60)
+            await pilot.press("l")
+            await press_button(pilot, "#submit")
+            await press_button(pilot, "#yes")
+            await wait_until(pilot, lambda: isinstance(app.screen, ReplyDialog), timeout=240)
+            assert app.screen.reply.ok, app.screen.reply.error
+            await pilot.press("escape")
+            await wait_until(pilot, lambda: (app.state.step or 0) >= 1, timeout=120)
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "dflash_train", "stop", str(run_dir), "--timeout", "30"],
+            capture_output=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
