@@ -94,6 +94,7 @@ class DflashApp(App[None]):
         self._saved_theme = ""
         # The last hs_min_ready set live: a restart offers it, or the run would lose it.
         self.min_ready_choice: int | None = options.remembered_min_ready
+        self.launch_draft: dict[str, str] = {}  # the launch form's fields as last left
 
     # -- wiring ----------------------------------------------------------------------
 

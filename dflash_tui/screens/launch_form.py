@@ -29,6 +29,7 @@ class LaunchForm(ModalScreen[list[str] | None]):
         super().__init__()
         self.defaults = dict(defaults)
         self.target = target
+        self.last_values: dict[str, str] = {}  # the fields as they were when it closed
 
     def compose(self) -> ComposeResult:
         with Vertical(id="launch-dialog", classes="dialog"):
@@ -74,7 +75,8 @@ class LaunchForm(ModalScreen[list[str] | None]):
     @on(Input.Submitted)
     @on(Button.Pressed, "#submit")
     def submit(self) -> None:
-        values, errors = validate_form(self.raw_values())
+        self.last_values = self.raw_values()
+        values, errors = validate_form(self.last_values)
         for spec in LAUNCH_FIELDS:
             self.show_error(spec.name, errors.get(spec.name, ""))
         if errors:
@@ -85,4 +87,5 @@ class LaunchForm(ModalScreen[list[str] | None]):
 
     @on(Button.Pressed, "#cancel")
     def action_cancel(self) -> None:
+        self.last_values = self.raw_values()
         self.dismiss(None)

@@ -87,8 +87,16 @@ class MainScreen(Screen[None]):
     # -- run control -----------------------------------------------------------------
 
     def action_launch(self) -> None:
-        form = LaunchForm(self.console.launch_defaults(), target=self.console.target_name)
-        self.app.push_screen(form, self._confirm_launch)
+        # What the operator typed last comes back (after a cancel, or a launch the box
+        # refused for one bad path) instead of the profile's defaults.
+        defaults = {**self.console.launch_defaults(), **self.console.launch_draft}
+        form = LaunchForm(defaults, target=self.console.target_name)
+
+        def done(argv: list[str] | None) -> None:
+            self.console.launch_draft = form.last_values
+            self._confirm_launch(argv)
+
+        self.app.push_screen(form, done)
 
     def _confirm_launch(self, argv: list[str] | None) -> None:
         if argv is None:
