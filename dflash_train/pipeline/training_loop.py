@@ -50,7 +50,7 @@ def run_epochs(run: TrainingRun) -> str:
             "event",
             level="info",
             code="epoch_end",
-            message=f"epoch {epoch} done at step {run.step}",
+            message=f"epoch {epoch + 1}/{run.args.epochs} done at step {run.step}",
             epoch=epoch,
             step=run.step,
         )

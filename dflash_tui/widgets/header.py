@@ -67,7 +67,8 @@ def render_header(facts: HeaderFacts, colours: dict[str, str], width: int) -> Te
         top.append(" ⏸ PAUSED ", style=f"bold reverse {colours['accent']}")
 
     bottom = Text(no_wrap=True, overflow="ellipsis")
-    epoch = "–" if facts.epoch is None else str(facts.epoch)
+    # The stream counts epochs from 0; people count them from 1 ("epoch 6/6" is the last).
+    epoch = "–" if facts.epoch is None else str(facts.epoch + 1)
     epochs = "–" if facts.epochs is None else str(facts.epochs)
     bottom.append(f" epoch {epoch}/{epochs} ")
     bar_width = max(10, min(30, width // 6))

@@ -21,7 +21,7 @@ def step_fields(step: int, steps_per_epoch: int, epochs: int) -> dict[str, objec
     acc = max(0.0, min(1.0, 0.72 - 0.6 * math.exp(-step / steps_per_epoch)))
     return {
         "step": step,
-        "epoch": min(epoch + 1, epochs),
+        "epoch": min(epoch, epochs - 1),  # 0-based, as the trainer writes it
         "epoch_progress": within / steps_per_epoch,
         "loss": round(loss, 4),
         "acc": round(acc, 4),
@@ -98,7 +98,8 @@ def lines(
             yield line("gpu", t, **gpu_fields(tick))
         if step and step % steps_per_epoch == 0:
             epoch = step // steps_per_epoch
-            yield line("event", t, level="info", message=f"epoch {epoch} done", code="epoch_end")
+            message = f"epoch {epoch}/{epochs} done"
+            yield line("event", t, level="info", message=message, code="epoch_end")
         if step and step % 2000 == 0:
             path = f"checkpoints/step_{step:07d}"
             yield line("checkpoint", t, step=step, path=path, seconds=4.2)
