@@ -10,6 +10,7 @@ last raw line and, per value, the min and max with the seq where each occurred.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections import deque
@@ -168,6 +169,23 @@ class _Bucket:
             bucket.hi[key] = (high, seqs[values.index(high)])  # type: ignore[arg-type]
         return bucket
 
+    def state(self) -> list[Any]:
+        """JSON-ready (lines as latin-1 text: one code point per byte, any byte survives)."""
+        return [
+            self.first.decode("latin-1"), self.first_seq, self.last.decode("latin-1"),
+            self.last_seq, self.count,
+            [[list(k), v, s] for k, (v, s) in self.lo.items()],
+            [[list(k), v, s] for k, (v, s) in self.hi.items()],
+        ]  # fmt: skip
+
+    @classmethod
+    def from_state(cls, state: list[Any]) -> _Bucket:
+        first, first_seq, last, last_seq, count, lo, hi = state
+        bucket = cls(first.encode("latin-1"), first_seq, last.encode("latin-1"), last_seq, count)
+        bucket.lo = {tuple(k): (v, s) for k, v, s in lo}
+        bucket.hi = {tuple(k): (v, s) for k, v, s in hi}
+        return bucket
+
     def merge(self, other: _Bucket) -> None:
         self.last, self.last_seq = other.last, other.last_seq
         self.count += other.count
@@ -248,7 +266,29 @@ class SeriesDecimator:
         self.buckets = merged
         self.width *= 2
 
+    def state(self) -> dict[str, Any]:
+        return {
+            "width": self.width,
+            "count": self.count,
+            "buckets": [bucket.state() for bucket in self.buckets],
+            "pending": [self._seqs, [line.decode("latin-1") for line in self._lines]],
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.width, self.count = int(state["width"]), int(state["count"])
+        self.buckets = [_Bucket.from_state(b) for b in state["buckets"]]
+        seqs, lines = state["pending"]
+        self._seqs, self._lines = list(seqs), [line.encode("latin-1") for line in lines]
+
     def lines(self) -> list[tuple[int, bytes]]:
+        # On a copy: flushing the pending batch merges buckets in place, and this summary
+        # may go on taking lines after (it is saved and resumed by the next attach).
+        clone = copy.copy(self)
+        clone.buckets = copy.deepcopy(self.buckets)
+        clone._seqs, clone._lines = list(self._seqs), list(self._lines)
+        return clone._summary_lines()
+
+    def _summary_lines(self) -> list[tuple[int, bytes]]:
         self._flush()
         out: list[tuple[int, bytes]] = []
         for bucket in self.buckets:
@@ -338,6 +378,34 @@ class HistorySummary:
             self._clear()
         self._run_raw = raw_run
         self.run = decoded(raw_run)
+
+    def state(self) -> dict[str, Any]:
+        """Everything needed to go on summarising later, JSON-ready."""
+        return {
+            "points": self.points,
+            "series": {kind: series.state() for kind, series in self.series.items()},
+            "whole": {
+                kind: [[seq, line.decode("latin-1")] for seq, line in kept]
+                for kind, kept in self.whole.items()
+            },
+            "lines_in": self.lines_in,
+            "run": None if self._run_raw is None else self._run_raw.decode("latin-1"),
+            "last_seq": self.last_seq,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> HistorySummary:
+        summary = cls(int(state["points"]))
+        for kind, series in summary.series.items():
+            series.restore(state["series"][kind])
+        for kind, kept in summary.whole.items():
+            kept.extend((int(seq), line.encode("latin-1")) for seq, line in state["whole"][kind])
+        summary.lines_in = int(state["lines_in"])
+        if state["run"] is not None:
+            summary._run_raw = state["run"].encode("latin-1")
+            summary.run = decoded(summary._run_raw)
+        summary.last_seq = int(state["last_seq"])
+        return summary
 
     def lines(self) -> list[bytes]:
         picked: list[tuple[int, bytes]] = []

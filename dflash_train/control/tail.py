@@ -146,6 +146,29 @@ class StreamFollower:
         self._partial = b""
         return True
 
+    def open_at(self, offset: int, inode: int) -> bool:
+        """Start reading at byte `offset` of the stream with `inode` (where a saved history
+        summary ends); False, with nothing opened, when the stream is another file now."""
+        try:
+            fh = self.path.open("rb")
+        except FileNotFoundError:
+            return False
+        if os.fstat(fh.fileno()).st_ino != inode:
+            fh.close()
+            return False
+        first = first_envelope(self.path)
+        self._fh, self._inode = fh, inode
+        self.run = first.run if first is not None else self.run
+        self._offset = offset
+        self._partial = b""
+        fh.seek(offset)
+        return True
+
+    @property
+    def position(self) -> tuple[int, int | None]:
+        """(byte offset of the next unread complete line, inode of the open stream)."""
+        return self._offset, self._inode
+
     def _new_stream(self, run: str | None) -> None:
         self.cursor = -1
         self.run = run
@@ -257,17 +280,10 @@ def tail_stream(
     """Write the stream's lines past `from_seq` to `out`, first as a summary when
     `history_points` is given; with `follow`, keep writing new lines until `out` closes
     (BrokenPipeError propagates to the caller)."""
-    from dflash_train.control.history import HistorySummary
-
     follower = StreamFollower(path, from_seq=from_seq, run=run)
     try:
         if history_points is not None:
-            summary = HistorySummary(history_points)
-            for block in follower.blocks():
-                summary.add_block(block, follower.cursor)
-            follower.skip_to(summary.last_seq, summary.run)
-            marker = summary.end_marker()
-            _write(out, iter([*summary.lines(), *([marker] if marker else [])]))
+            _write_history(path, out, follower, history_points, whole=from_seq < 0 and not run)
         else:
             _write(out, follower.poll())
         out.flush()
@@ -280,6 +296,31 @@ def tail_stream(
             time.sleep(poll_s)
     finally:
         follower.close()
+
+
+def _write_history(
+    path: Path, out: BinaryIO, follower: StreamFollower, points: int, *, whole: bool
+) -> None:
+    """The summary of everything past the follower's cursor, then the history_end marker.
+    For a whole-stream summary a saved one is continued when it still fits the stream, and
+    saved again when it grew, so the next attach reads only what comes after."""
+    from dflash_train.control import history_cache
+    from dflash_train.control.history import HistorySummary
+
+    saved = history_cache.load(path, points) if whole else None
+    if saved is not None and follower.open_at(saved.offset, saved.inode):
+        summary, start = saved.summary, saved.offset
+    else:
+        summary, start = HistorySummary(points), 0
+    for block in follower.blocks():
+        summary.add_block(block, max(follower.cursor, summary.last_seq))
+    follower.skip_to(summary.last_seq, summary.run)
+    marker = summary.end_marker()
+    _write(out, iter([*summary.lines(), *([marker] if marker else [])]))
+    out.flush()
+    offset, inode = follower.position
+    if whole and inode is not None and offset - start >= history_cache.SAVE_AFTER_BYTES:
+        history_cache.save(path, summary, offset, inode)
 
 
 def _write(out: BinaryIO, lines: Iterator[bytes]) -> int:

@@ -1,0 +1,113 @@
+"""`tail --history` saves its summary beside the stream and the next attach continues it:
+the same bytes as a summary from scratch, and the early stream is not read again. A saved
+summary that no longer fits the stream (rotated, truncated, other points) is ignored, and
+one that cannot be read or written changes nothing."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from control_harness import dflash_argv, write_stream
+from test_control_history import _long_run
+
+from dflash_train.control.history_cache import SAVE_AFTER_BYTES, cache_path
+from dflash_train.rundir import RunDir
+
+POINTS = "40"
+
+
+def _history(run_dir: Path, points: str = POINTS) -> bytes:
+    """The summary as sent; the history_end marker's own timestamp (when it was sent) is
+    blanked so two attaches compare byte for byte."""
+    done = subprocess.run(
+        dflash_argv("tail", str(run_dir), "--history", points),
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    body, marker = done.stdout.rstrip(b"\n").rsplit(b"\n", 1)
+    assert b'"code":"history_end"' in marker
+    return body + b"\n" + re.sub(rb'"t":[0-9.]+,', b'"t":0,', marker)
+
+
+def _from_scratch(run_dir: Path, points: str = POINTS) -> bytes:
+    """A full pass: with no saved summary (the pass saves a new one)."""
+    saved = cache_path(RunDir.at(run_dir).status, int(points))
+    if saved.is_file():
+        saved.unlink()
+    return _history(run_dir, points)
+
+
+def test_next_attach_continues_the_saved_summary(tmp_path: Path) -> None:
+    status = RunDir.at(tmp_path).status
+    lines = _long_run(3000)
+    write_stream(status, "run-c", lines[:4000])
+    first = _history(tmp_path)
+    saved = cache_path(status, int(POINTS))
+    assert saved.exists() and status.stat().st_size >= SAVE_AFTER_BYTES
+    assert first == _from_scratch(tmp_path)
+
+    write_stream(status, "run-c", lines[4000:])  # the run went on (same run, same file)
+    resumed = _history(tmp_path)
+    assert resumed == _from_scratch(tmp_path)  # byte for byte what a full pass gives
+    assert b'"seq":0,' in resumed.split(b"\n", 1)[0]  # run_start kept, whole
+
+    # Proof that the early stream was not read again: change a loss in its first lines
+    # (same length, so the file's end and the saved offset still match) and the attach
+    # still reports the value it summarised before.
+    raw = status.read_bytes()
+    at = raw.index(b'"loss":', 2000)
+    end = raw.index(b",", at)
+    forged = raw[:at] + b'"loss":' + b"7" * (end - at - len(b'"loss":')) + raw[end:]
+    status.write_bytes(forged)  # rewritten in place: same inode
+    assert _history(tmp_path) == resumed
+    assert _from_scratch(tmp_path) != resumed  # a full pass does see the change
+
+
+def test_a_saved_summary_that_no_longer_fits_is_ignored(tmp_path: Path) -> None:
+    status = RunDir.at(tmp_path).status
+    lines = _long_run(3000)
+    write_stream(status, "run-a", lines)
+    _history(tmp_path)
+    assert cache_path(status, int(POINTS)).exists()
+
+    # Replaced by a new run's longer stream (a new file): the old summary must not leak in.
+    rotated = status.with_name("status.run-a.jsonl")
+    os.replace(status, rotated)
+    write_stream(status, "run-b", _long_run(3500))
+    assert status.stat().st_size > rotated.stat().st_size
+    fresh = _history(tmp_path)
+    assert b"run-a" not in fresh and fresh == _from_scratch(tmp_path)
+
+    # Cut short in place (same inode) and grown past the saved offset before the next
+    # attach: the bytes before that offset are no longer the ones summarised.
+    text = status.read_bytes()
+    inode = status.stat().st_ino
+    status.write_bytes(text[: text.rfind(b"\n", 0, len(text) // 3) + 1])
+    write_stream(status, "run-b", [(k, {**f, "loss": 3.25} if k == "step" else f)
+                                   for k, f in _long_run(4000)[1:]])  # fmt: skip
+    assert status.stat().st_ino == inode and status.stat().st_size > len(text)
+    assert _history(tmp_path) == _from_scratch(tmp_path)
+
+    # Other points: a summary of its own.
+    assert _history(tmp_path, "12") == _from_scratch(tmp_path, "12")
+    assert cache_path(status, 12).exists()
+
+
+def test_an_unusable_save_changes_nothing(tmp_path: Path) -> None:
+    status = RunDir.at(tmp_path).status
+    write_stream(status, "run-u", _long_run(3000))
+    expected = _from_scratch(tmp_path)
+    saved = cache_path(status, int(POINTS))
+    saved.unlink()
+    saved.mkdir()  # can be neither read nor replaced
+    assert _history(tmp_path) == expected
+    saved.rmdir()
+    saved.write_text("{not json")
+    assert _history(tmp_path) == expected
+    assert saved.read_text() != "{not json"  # replaced by a good one
+    saved.write_text('{"v": 1, "points": 40, "inode": 1, "offset": "x"}')
+    assert _history(tmp_path) == expected
