@@ -45,3 +45,20 @@ def test_pipeline_bench_smoke_on_cpu(tmp_path: Path, target: str, architecture: 
     assert summary["pipeline_efficiency"] > 0
     assert 0 <= summary["drafter_starved"] <= 1
     assert "monitor_overhead" in summary
+
+
+def test_monitor_overhead_rounds_alternate_off_and_on(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    argv = [sys.executable, "bench/pipeline.py", "--device", "cpu", "--smoke",
+            "--overhead-only", "--overhead-rounds", "2", "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert "target_forward_only" not in result and "sync_pipeline" not in result
+    for name in ("async_pipeline", "async_pipeline_monitored",
+                 "async_pipeline_2", "async_pipeline_monitored_2"):  # fmt: skip
+        assert result[name]["ktok_s"] > 0, (name, result[name])
+    rounds = result["summary"]["monitor_overhead_rounds"]
+    assert len(rounds) == 2
+    assert rounds[0] == pytest.approx(result["summary"]["monitor_overhead"], abs=1e-3)
