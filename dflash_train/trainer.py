@@ -14,7 +14,12 @@ import traceback
 import uuid
 from typing import Any
 
-from dflash_train.pipeline.distributed import RankInfo, rank_from_env, spawn_other_ranks
+from dflash_train.pipeline.distributed import (
+    RankInfo,
+    RankPrefixedStream,
+    rank_from_env,
+    spawn_other_ranks,
+)
 from dflash_train.rundir import LockHeld, RunDir, RunLock
 from dflash_train.status_writer import StatusWriter
 
@@ -79,6 +84,8 @@ def train(args: argparse.Namespace) -> int:
         children = spawn_other_ranks(_train_argv(), len(drafter_devices))
         rank = rank_from_env()
     rank = rank or RankInfo(0, 1, 0)
+    if rank.rank > 0:
+        sys.stderr = RankPrefixedStream(sys.stderr, rank.rank)  # type: ignore[assignment]
     run_id = _resolve_run_id(args)
     writer = StatusWriter(run_dir.status, run_id) if rank.is_main else None
     try:

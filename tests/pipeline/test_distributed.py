@@ -33,6 +33,9 @@ def test_two_gloo_ranks_train_and_rank0_writes(tmp_path: Path, prepared_data_dir
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stderr.count("run_end: completed at step 3") == 2  # both ranks finished
+    # Rank 1's messages say whose they are (both ranks write to the same train.log).
+    assert "[rank 1] run_end: completed at step 3" in done.stderr.splitlines()
+    assert "run_end: completed at step 3" in done.stderr.splitlines()
     lines = [
         protocol.decode_line(raw) for raw in (run_dir / "status.jsonl").read_bytes().splitlines()
     ]
@@ -67,3 +70,16 @@ def test_gpu_roles_cover_every_rank_of_the_run() -> None:
         0: "target", 1: "target", 2: "target", 3: "drafter", 4: "drafter",
     }  # fmt: skip
     assert gpu_roles(["cpu", "cpu"], ["cpu"]) == {}
+
+
+def test_rank_prefix_marks_every_line_once_however_it_is_written() -> None:
+    import io
+
+    from dflash_train.pipeline.distributed import RankPrefixedStream
+
+    sink = io.StringIO()
+    stream = RankPrefixedStream(sink, 2)
+    for piece in ("a", "\n", "b\nc", "\n", "", "d\n\n"):
+        stream.write(piece)  # print() writes the text and the newline apart
+    assert sink.getvalue() == "[rank 2] a\n[rank 2] b\n[rank 2] c\n[rank 2] d\n[rank 2] \n"
+    assert stream.getvalue() == sink.getvalue()  # everything else goes to the real stream
