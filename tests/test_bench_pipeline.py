@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,19 +22,24 @@ SECTIONS = (
 )
 
 
+def _bench(tmp_path: Path, *args: str) -> dict[str, Any]:
+    """Run the bench as a user would (`--device cpu --smoke`) and read its JSON result."""
+    out = tmp_path / "bench.json"
+    argv = [sys.executable, "bench/pipeline.py", "--device", "cpu", "--smoke", *args,
+            "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
 @pytest.mark.parametrize(
     ("target", "architecture"),
     [("random:qwen3-8b", "qwen3"), ("random:qwen3.5-27b", "qwen3_5_text")],
     ids=["dense", "hybrid"],
 )
 def test_pipeline_bench_smoke_on_cpu(tmp_path: Path, target: str, architecture: str) -> None:
-    out = tmp_path / "bench.json"
-    argv = [sys.executable, "bench/pipeline.py", "--device", "cpu", "--smoke",
-            "--target", target, "--out", str(out)]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = _bench(tmp_path, "--target", target)
     assert result["architecture"] == architecture
     for section in SECTIONS:
         assert "error" not in result[section], (section, result[section])
@@ -48,13 +54,7 @@ def test_pipeline_bench_smoke_on_cpu(tmp_path: Path, target: str, architecture: 
 
 
 def test_monitor_overhead_rounds_alternate_off_and_on(tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    argv = [sys.executable, "bench/pipeline.py", "--device", "cpu", "--smoke",
-            "--overhead-only", "--overhead-rounds", "2", "--out", str(out)]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = _bench(tmp_path, "--overhead-only", "--overhead-rounds", "2")
     assert "target_forward_only" not in result and "sync_pipeline" not in result
     for name in ("async_pipeline", "async_pipeline_monitored",
                  "async_pipeline_2", "async_pipeline_monitored_2"):  # fmt: skip

@@ -129,40 +129,35 @@ class StreamFollower:
         self._partial = b""
         self._past_cursor = from_seq < 0
 
-    def _open(self) -> bool:
+    def _open(self, *, at: tuple[int, int] | None = None) -> bool:
+        """Open the stream at the cursor, or at `at` = (byte offset, inode) where a saved
+        history summary ends; False, with nothing opened, when there is no stream or (with
+        `at`) it is another file now."""
         try:
             fh = self.path.open("rb")
         except FileNotFoundError:
             return False
-        self._fh = fh
-        self._inode = os.fstat(fh.fileno()).st_ino
+        inode = os.fstat(fh.fileno()).st_ino
+        if at is not None and at[1] != inode:
+            fh.close()
+            return False
+        self._fh, self._inode = fh, inode
         first = first_envelope(self.path)
         if first is not None and self.run is not None and first.run != self.run:
             self._new_stream(first.run)
         if first is not None:
             self.run = first.run
-        self._offset = offset_after_seq(self.path, self.cursor) if first is not None else 0
+        if at is not None:
+            self._offset = at[0]
+        else:
+            self._offset = offset_after_seq(self.path, self.cursor) if first is not None else 0
         fh.seek(self._offset)
         self._partial = b""
         return True
 
     def open_at(self, offset: int, inode: int) -> bool:
-        """Start reading at byte `offset` of the stream with `inode` (where a saved history
-        summary ends); False, with nothing opened, when the stream is another file now."""
-        try:
-            fh = self.path.open("rb")
-        except FileNotFoundError:
-            return False
-        if os.fstat(fh.fileno()).st_ino != inode:
-            fh.close()
-            return False
-        first = first_envelope(self.path)
-        self._fh, self._inode = fh, inode
-        self.run = first.run if first is not None else self.run
-        self._offset = offset
-        self._partial = b""
-        fh.seek(offset)
-        return True
+        """Start reading at byte `offset` of the stream with `inode` (see `_open`)."""
+        return self._open(at=(offset, inode))
 
     @property
     def position(self) -> tuple[int, int | None]:
