@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "restart": ("restart", "stop, then launch again resuming from the newest checkpoint"),
     "status": ("status", "running / finished / crashed / stalled, as JSON"),
     "tail": ("tail", "the status stream from a cursor, optionally following"),
+    "logs": ("logs", "the run's train.log, optionally following (survives rotation)"),
     "gpus": ("gpus", "NVML readings of this box's GPUs"),
     "set": ("set_setting", "change a live setting of a running trainer"),
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 _MIB = 1024 * 1024
@@ -70,13 +71,23 @@ def _optional(pynvml: Any, read: Callable[[], Any]) -> Any:
         return None
 
 
+def process_name(pid: int) -> str | None:
+    """The command name of a process on this box, None when it is gone or in another pid
+    namespace (NVML reports host pids; a container may not see them)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+
+
 def _processes(pynvml: Any, handle: Any) -> list[dict[str, Any]]:
     found = _optional(pynvml, lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
     result = []
     for proc in found or []:
         used = getattr(proc, "usedGpuMemory", None)
         mem = round(used / _MIB, 1) if isinstance(used, int) and used >= 0 else None
-        result.append({"pid": int(proc.pid), "gpu_mem": mem})
+        pid = int(proc.pid)
+        result.append({"pid": pid, "name": process_name(pid), "gpu_mem": mem})
     return result
 
 

@@ -36,7 +36,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _reply(reply: protocol.Reply) -> None:
-    print(reply.to_json(), flush=True)
+    from dflash_train.commands.launch import print_reply
+
+    print_reply(reply)
 
 
 def _fail(code: str, message: str, rc: int = 2) -> int:

@@ -26,7 +26,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _reply(reply: protocol.Reply) -> None:
-    print(reply.to_json(), flush=True)
+    from dflash_train.commands.launch import print_reply
+
+    print_reply(reply)
 
 
 def run(args: argparse.Namespace) -> int:

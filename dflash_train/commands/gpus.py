@@ -20,15 +20,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dflash_train.commands.launch import print_reply
     from dflash_train.control.tail import output_closed
     from dflash_train.gpu_telemetry import sample_gpus
 
     if args.interval <= 0:
         error = f"interval: {args.interval} must be above 0 seconds"
-        print(protocol.reply_error("gpus", "bad_argument", error).to_json())
+        print_reply(protocol.reply_error("gpus", "bad_argument", error))
         return 2
     if not args.follow:
-        print(protocol.reply_ok("gpus", **sample_gpus()).to_json())
+        print_reply(protocol.reply_ok("gpus", **sample_gpus()))
         return 0
     out = sys.stdout.buffer
     seq = 0

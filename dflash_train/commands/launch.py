@@ -71,8 +71,10 @@ def split_rest(
 def print_reply(reply: protocol.Reply) -> None:
     """Print the reply; a reader that has gone (a dropped channel) loses nothing the run
     directory does not record."""
+    from dflash_train.control.reply_text import with_message
+
     try:
-        print(reply.to_json(), flush=True)
+        print(with_message(reply).to_json(), flush=True)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 

@@ -33,6 +33,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dflash_train.commands.launch import print_reply
     from dflash_train.data.prepare import PrepareConfig, PrepareError, prepare_dataset
     from dflash_train.data.prompts import PromptError
 
@@ -53,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         info = prepare_dataset(config)
     except (PrepareError, PromptError) as exc:
-        print(protocol.reply_error("prepare", "bad_argument", str(exc)).to_json())
+        print_reply(protocol.reply_error("prepare", "bad_argument", str(exc)))
         return 2
     out = str(args.out.absolute())
-    print(protocol.reply_ok("prepare", out=out, **info).to_json())
+    print_reply(protocol.reply_ok("prepare", out=out, **info))
     return 0

@@ -20,6 +20,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dflash_train.commands.launch import print_reply
     from dflash_train.control.launch import ControlBusy, control_guard
     from dflash_train.control.settings import set_setting
 
@@ -37,5 +38,5 @@ def run(args: argparse.Namespace) -> int:
                 reply = set_setting(rundir, args.key, args.value, wait_s=args.wait)
         except ControlBusy as exc:
             reply = protocol.reply_error("set", "busy", str(exc))
-    print(reply.to_json(), flush=True)
+    print_reply(reply)
     return 0 if reply.ok else 1

@@ -20,6 +20,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dflash_train.commands.launch import print_reply
     from dflash_train.control.run_status import run_status
 
     rundir = RunDir.at(args.run_dir)
@@ -31,5 +32,5 @@ def run(args: argparse.Namespace) -> int:
         reply = protocol.reply_error("status", "run_dir_missing", error, state="not_started")
     else:
         reply = protocol.reply_ok("status", **run_status(rundir, stall_after_s=args.stall_after))
-    print(reply.to_json(), flush=True)
+    print_reply(reply)
     return 0 if reply.ok else 1

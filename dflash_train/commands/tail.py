@@ -31,6 +31,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dflash_train.commands.launch import print_reply
     from dflash_train.control.tail import tail_stream
 
     rundir = RunDir.at(args.run_dir)
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.poll <= 0:
         problem = ("bad_argument", f"poll: {args.poll} must be above 0 seconds")
     if problem is not None:
-        print(protocol.reply_error("tail", *problem).to_json())
+        print_reply(protocol.reply_error("tail", *problem))
         return 2
     out = sys.stdout.buffer
     try:

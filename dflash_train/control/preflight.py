@@ -137,6 +137,16 @@ def gpu_indices(devices: Sequence[str] | None) -> list[int]:
     return sorted({int(d.split(":", 1)[1]) for d in devices or () if d.startswith("cuda:")})
 
 
+def _holder(process: dict[str, Any]) -> str:
+    """`pid 4242 python 0.9 GiB`: enough to tell whose process holds the GPU."""
+    text = f"pid {process['pid']}"
+    if process.get("name"):
+        text += f" {process['name']}"
+    if isinstance(process.get("gpu_mem"), (int, float)):
+        text += f" {process['gpu_mem'] / 1024:.1f} GiB"
+    return text
+
+
 def check_gpus(indices: Sequence[int], *, allow_busy: bool) -> None:
     if not indices:
         return
@@ -158,7 +168,7 @@ def check_gpus(indices: Sequence[int], *, allow_busy: bool) -> None:
     busy = {i: present[i]["processes"] for i in indices if present[i]["processes"]}
     if busy:
         detail = "; ".join(
-            f"GPU {i}: pid {','.join(str(p['pid']) for p in procs)}" for i, procs in busy.items()
+            f"GPU {i}: " + ", ".join(_holder(p) for p in procs) for i, procs in busy.items()
         )
         raise PreflightError(
             "gpu_busy", f"gpus: in use by other processes ({detail}); --allow-busy to share"

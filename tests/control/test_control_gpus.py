@@ -3,10 +3,12 @@ with pynvml replaced by a fake module (the one mock the suite accepts: no GPU he
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -107,7 +109,7 @@ def test_readings_units_roles_and_processes(nvml: dict[str, int]) -> None:
         "power_w": 412.3,
         "power_limit_w": 700.0,
         "temp_c": 61.0,
-        "processes": [{"pid": 4242, "gpu_mem": 900.0}],
+        "processes": [{"pid": 4242, "name": gpu_telemetry.process_name(4242), "gpu_mem": 900.0}],
     }
     assert second["role"] == "drafter"
     assert second["power_w"] is None and second["power_limit_w"] is None
@@ -127,11 +129,18 @@ def test_preflight_gpu_checks_against_nvml(nvml: dict[str, int]) -> None:
     check_gpus([1], allow_busy=False)
     with pytest.raises(PreflightError) as busy:
         check_gpus([0, 1], allow_busy=False)
-    assert busy.value.code == "gpu_busy" and "4242" in busy.value.message
+    assert busy.value.code == "gpu_busy" and "GPU 0: pid 4242" in busy.value.message
+    assert "0.9 GiB" in busy.value.message  # how much of the GPU the holder takes
     check_gpus([0], allow_busy=True)
     with pytest.raises(PreflightError) as missing:
         check_gpus([1, 5], allow_busy=True)
     assert missing.value.code == "gpu_missing" and "GPU 5" in missing.value.message
+
+
+def test_a_holding_process_is_named() -> None:
+    me = gpu_telemetry.process_name(os.getpid())
+    assert me and me == Path("/proc/self/comm").read_text().strip()
+    assert gpu_telemetry.process_name(2**22 + 12345) is None  # above pid_max: never a process
 
 
 def test_without_nvml_the_reply_says_so() -> None:
