@@ -123,6 +123,7 @@ async def test_restart_resume_with_override_sends_it(tmp_path: Path) -> None:
         assert RUN_ID in dialog.run_name
         dialog.query_one("#overrides", Input).value = "hs_min_ready=4"
         app.screen.query_one("#fresh", RadioButton).value = True
+        dialog.query_one("#fresh-confirm", Input).value = "fresh"  # the typed confirmation
         await press_button(pilot, "#submit")
         await wait_for_controls(app)
         await pilot.pause()
