@@ -6,6 +6,7 @@ whatever the UI does."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ LAUNCH_WAIT_S = 300.0
 CONTROL_TIMEOUT_S = 60.0
 ERROR_TAIL_LINES = 8
 DEFAULT_BACKOFF = Backoff()
+# Set by `dflash-tui serve` for the consoles it starts for browsers: every Session in such a
+# process is read-only, whatever its caller, profile or flags ask for.
+WATCH_ONLY_ENV = "DFLASH_TUI_WATCH_ONLY"
 _OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -78,6 +82,11 @@ def check_inert(field: str, value: str) -> str:
     return value
 
 
+def watch_only_forced() -> bool:
+    """Whether this process may only watch (the browser consoles of `dflash-tui serve`)."""
+    return os.environ.get(WATCH_ONLY_ENV, "") not in ("", "0")
+
+
 def trainer_prefix(python: str | None) -> tuple[str, ...]:
     """How to call the box's trainer: the `dflash-train` script, or an interpreter path
     running the package (`PATH -m dflash_train`)."""
@@ -117,7 +126,7 @@ class Session:
         self.transport = transport
         self.run_dir = run_dir
         self.trainer = trainer_prefix(python)
-        self._read_only = bool(read_only)
+        self._read_only = bool(read_only) or watch_only_forced()
         self._on_line = on_line
         self._on_connection = on_connection
         self._on_reject = on_reject
