@@ -32,6 +32,12 @@ def add_start_options(parser: argparse.ArgumentParser) -> None:
         help="environment for the trainer (repeatable); only PATH, HOME, LANG are inherited",
     )
     parser.add_argument(
+        "--env-file",
+        default=None,
+        metavar="PATH",
+        help="NAME=VALUE file on this box for the trainer (mode 0600; values never echoed)",
+    )
+    parser.add_argument(
         "--min-free-mb",
         type=int,
         default=None,
@@ -113,6 +119,7 @@ def _reply(args: argparse.Namespace) -> protocol.Reply:
         wait_s=args.wait,
         allow_busy=args.allow_busy,
         min_free_bytes=None if args.min_free_mb is None else args.min_free_mb * MIB,
+        env_file=args.env_file,
     )
 
 

@@ -83,6 +83,7 @@ def _reply(args: argparse.Namespace) -> protocol.Reply:
         stop_timeout_s=args.stop_timeout,
         allow_busy=args.allow_busy,
         min_free_bytes=None if args.min_free_mb is None else args.min_free_mb * MIB,
+        env_file=args.env_file,
     )
 
 

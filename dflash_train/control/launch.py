@@ -10,12 +10,14 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from dflash_train import protocol
@@ -67,6 +69,43 @@ def parse_env(pairs: Sequence[str]) -> dict[str, str]:
     return env
 
 
+def load_env_file(path: str) -> dict[str, str]:
+    """Variables for the trainer from a file on the box (`NAME=VALUE` lines, `#` comments,
+    an optional `export `): how W&B keys reach a trainer without passing through a
+    console. The file must be private (mode 0600 or stricter); no value is ever echoed."""
+    where = Path(path).expanduser()
+    try:
+        st = where.stat()
+    except OSError as exc:
+        raise PreflightError("bad_env_file", f"env_file: {where}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise PreflightError("bad_env_file", f"env_file: {where} is not a regular file")
+    if st.st_mode & 0o077:
+        mode = stat.S_IMODE(st.st_mode)
+        raise PreflightError(
+            "bad_env_file",
+            f"env_file: {where} is mode {mode:04o}; it holds secrets: chmod 600 {where}",
+        )
+    env: dict[str, str] = {}
+    try:
+        text = where.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PreflightError("bad_env_file", f"env_file: {where}: cannot read: {exc}") from None
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.removeprefix("export ").partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not ENV_NAME.fullmatch(name):
+            # The line may hold a secret: name its number, never its text.
+            raise PreflightError("bad_env_file", f"env_file: {where} line {number}: not NAME=VALUE")
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        env[name] = value
+    return env
+
+
 def is_secret(name: str) -> bool:
     upper = name.upper()
     return any(part in upper for part in SECRET_PARTS) or upper.endswith("_KEY")
@@ -97,7 +136,11 @@ class Started:
 
 
 def _start(
-    run_dir: RunDir, run_id: str, train_args: Sequence[str], env: Mapping[str, str]
+    run_dir: RunDir,
+    run_id: str,
+    train_args: Sequence[str],
+    env: Mapping[str, str],
+    env_file: str | None = None,
 ) -> Started:
     argv = [sys.executable, "-m", "dflash_train", "train", "--output-dir", str(run_dir.root)]
     argv += list(train_args)
@@ -115,7 +158,7 @@ def _start(
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=trainer_env(run_id, env),
+            env=trainer_env(run_id, {**(load_env_file(env_file) if env_file else {}), **env}),
             start_new_session=True,
             close_fds=True,
         )
@@ -128,6 +171,8 @@ def _start(
             "argv": argv,
             "train_args": list(train_args),
             "env": redacted(env),
+            # Only the file's path: its values are read again on the box at each start.
+            "env_file": env_file,
             "started_at": started_at,
             "host": socket.gethostname(),
             "launch": "starting",
@@ -210,9 +255,12 @@ def start_verified(
     allow_busy: bool = False,
     min_free_bytes: int | None = None,
     run_id: str | None = None,
+    env_file: str | None = None,
 ) -> protocol.Reply:
     """Preflight, start, verify. The caller holds `control_guard`."""
     try:
+        if env_file:
+            load_env_file(env_file)  # refused before anything starts
         if lock_is_held(run_dir.lock):
             holder = lock_holder_pid(run_dir.lock)
             record: Any = read_json(run_dir.run_json) or {}
@@ -224,12 +272,12 @@ def start_verified(
                 run_id=record.get("run_id"),
             )
         args = run_preflight(
-            run_dir, train_args, allow_busy=allow_busy, min_free_bytes=min_free_bytes
+            run_dir, train_args, allow_busy=allow_busy, min_free_bytes=min_free_bytes, environ=env
         )
     except PreflightError as exc:
         return protocol.reply_error("launch", exc.code, exc.message)
     run_id = args.run_id or run_id or env.get("DFLASH_RUN_ID") or uuid.uuid4().hex[:12]
-    started = _start(run_dir, run_id, train_args, env)
+    started = _start(run_dir, run_id, train_args, env, env_file)
     return _verify(run_dir, started, wait_s)
 
 
@@ -241,6 +289,7 @@ def launch_run(
     wait_s: float,
     allow_busy: bool = False,
     min_free_bytes: int | None = None,
+    env_file: str | None = None,
 ) -> protocol.Reply:
     try:
         with control_guard(run_dir):
@@ -251,6 +300,7 @@ def launch_run(
                 wait_s=wait_s,
                 allow_busy=allow_busy,
                 min_free_bytes=min_free_bytes,
+                env_file=env_file,
             )
     except ControlBusy as exc:
         return protocol.reply_error("launch", "busy", str(exc))

@@ -57,6 +57,7 @@ def restart_run(
     stop_timeout_s: float,
     allow_busy: bool = False,
     min_free_bytes: int | None = None,
+    env_file: str | None = None,
 ) -> protocol.Reply:
     record = read_json(run_dir.run_json)
     if not isinstance(record, dict) or not isinstance(record.get("train_args"), list):
@@ -77,6 +78,9 @@ def restart_run(
     dropped = sorted(k for k, v in recorded_env.items() if v == REDACTED and k not in env)
     new_env = {**kept, **env}
     new_env.pop("DFLASH_RUN_ID", None)
+    # The env file is named again, never copied: its secrets are read afresh on the box.
+    recorded_file = record.get("env_file")
+    env_file = env_file or (recorded_file if isinstance(recorded_file, str) else None)
     try:
         parse_train_args(run_dir, args)  # a bad override stops nothing
     except PreflightError as exc:
@@ -103,6 +107,7 @@ def restart_run(
                 allow_busy=allow_busy,
                 min_free_bytes=min_free_bytes,
                 run_id=run_id,
+                env_file=env_file,
             )
     except ControlBusy as exc:
         return protocol.reply_error("restart", "busy", str(exc))

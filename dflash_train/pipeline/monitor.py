@@ -198,6 +198,9 @@ class MonitorThread(threading.Thread):
         self._due.setdefault("profile", now + iv.profile)
         if self._due_now("profile", iv.profile, now):
             self._write_profile()
+        notice = self.wandb.take_notice() if self.wandb is not None else None
+        if notice is not None:
+            self._write("event", **notice)
         if self.writer is not None and now - self.writer.last_write >= iv.heartbeat:
             self._write("heartbeat")
 

@@ -1,9 +1,15 @@
 """Optional Weights & Biases logging that can never stall training: the monitor hands
-figures to a bounded queue, a daemon thread owns the wandb run, and a full queue drops."""
+figures to a bounded queue, a daemon thread owns the wandb run, and a full queue drops.
+
+The key comes from the box, never through a console: WANDB_API_KEY in the trainer's
+environment (an env file the launch read on the box), or the netrc `wandb login` wrote
+under the box's HOME. Without either the run is offline. Once the run exists, the logger
+has one notice for the status stream: the run's URL, or why it is offline or failed."""
 
 from __future__ import annotations
 
 import contextlib
+import netrc
 import os
 import queue
 import sys
@@ -11,8 +17,28 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 _STOP = object()
+DEFAULT_HOST = "https://api.wandb.ai"
+
+
+def wandb_credentials(env: Mapping[str, str] | None = None) -> str | None:
+    """Where this process's W&B key comes from: "WANDB_API_KEY", "netrc", or None. Only
+    the source is returned: the key itself is left for wandb to read."""
+    env = os.environ if env is None else env
+    if env.get("WANDB_API_KEY"):
+        return "WANDB_API_KEY"
+    host = urlparse(env.get("WANDB_BASE_URL") or DEFAULT_HOST).hostname or "api.wandb.ai"
+    home = env.get("HOME")
+    path = Path(env["NETRC"]) if env.get("NETRC") else Path(home) / ".netrc" if home else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        found = netrc.netrc(str(path)).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return None
+    return "netrc" if found is not None and found[2] else None
 
 
 class WandbLogger:
@@ -32,9 +58,13 @@ class WandbLogger:
         self.run_dir = run_dir
         self.run_id = run_id
         self.config = dict(config)
-        self.offline = not os.environ.get("WANDB_API_KEY")
+        self.credentials = wandb_credentials()
+        self.offline = self.credentials is None
         self.dropped = 0
         self.error: str | None = None
+        self.url: str | None = None
+        self._notice: dict[str, Any] | None = None
+        self._notice_lock = threading.Lock()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)
         self._thread = threading.Thread(target=self._work, name="wandb-log", daemon=True)
         self._thread.start()
@@ -44,6 +74,34 @@ class WandbLogger:
             self._queue.put_nowait((dict(figures), step))
         except queue.Full:
             self.dropped += 1
+
+    def take_notice(self) -> dict[str, Any] | None:
+        """The `event` fields announcing the run (once): its URL, or why there is none."""
+        with self._notice_lock:
+            notice, self._notice = self._notice, None
+        return notice
+
+    def _announce(self, run: Any) -> None:
+        if run is None:
+            notice = {"level": "warning", "code": "wandb_failed", "message": str(self.error)}
+        elif self.offline:
+            where = self.run_dir / "wandb"
+            notice = {
+                "level": "info",
+                "code": "wandb_offline",
+                "message": f"W&B offline: no key on the box (run `wandb login` there, or "
+                f"name an env_file in the profile); `wandb sync {where}` uploads it later",
+            }
+        else:
+            self.url = str(getattr(run, "url", "") or "") or None
+            notice = {
+                "level": "info",
+                "code": "wandb_run",
+                "message": f"W&B run: {self.url or self.run_id}",
+                "url": self.url,
+            }
+        with self._notice_lock:
+            self._notice = notice
 
     def close(self, timeout: float = 60.0) -> None:
         with contextlib.suppress(queue.Full):
@@ -68,6 +126,7 @@ class WandbLogger:
         except Exception as exc:  # W&B trouble must never end training
             self.error = f"wandb init failed: {exc}"
             print(self.error, file=sys.stderr)
+        self._announce(run)
         while True:
             item = self._queue.get()
             if item is _STOP:
