@@ -9,7 +9,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -45,23 +45,24 @@ class RaisingParser(argparse.ArgumentParser):
         raise ArgumentError(message)
 
 
-def parse_train_args(run_dir: RunDir, train_args: Sequence[str]) -> argparse.Namespace:
-    """The train command's own parser and cross-field checks, so a typo is refused here
-    with its reason rather than found in train.log after the launch."""
-    from dflash_train.commands import train
+def parse_train_args(
+    run_dir: RunDir, train_args: Sequence[str], environ: Mapping[str, str] | None = None
+) -> argparse.Namespace:
+    """The train command's own options and checks (`environ`: the trainer's environment),
+    so a typo is refused here with its reason rather than found in train.log later."""
+    from dflash_train.commands.train import as_namespace
+    from dflash_train.config import ConfigError
+    from dflash_train.config.cli_options import resolve_train_args
 
     if any(a == "--output-dir" or a.startswith("--output-dir=") for a in train_args):
         raise PreflightError("bad_train_args", "--output-dir: set by launch from RUN_DIR")
-    parser = RaisingParser(prog="dflash-train train", add_help=False)
-    train.configure(parser)
     try:
-        args = parser.parse_args([*train_args, "--output-dir", str(run_dir.root)])
-    except ArgumentError as exc:
+        resolved = resolve_train_args(
+            train_args, environ=environ or {}, output_dir=str(run_dir.root)
+        )
+    except ConfigError as exc:
         raise PreflightError("bad_train_args", f"train args: {exc}") from None
-    problem = train.check_args(args)
-    if problem is not None:
-        raise PreflightError("bad_train_args", f"train args: {problem}")
-    return args
+    return as_namespace(resolved.config)
 
 
 def check_target(spec: str) -> Any:
@@ -212,9 +213,10 @@ def run_preflight(
     *,
     allow_busy: bool,
     min_free_bytes: int | None,
+    environ: Mapping[str, str] | None = None,
 ) -> argparse.Namespace:
     """All checks in the order an operator fixes them; raises PreflightError."""
-    args = parse_train_args(run_dir, train_args)
+    args = parse_train_args(run_dir, train_args, environ)
     target = check_target(args.target_model)
     context_layers = context_layer_count(target.num_layers, args.target_layers)
     try:

@@ -1,0 +1,82 @@
+"""The `train` command line, generated from the option table: one `--flag` per option (its
+help says the default, bounds and environment variable), plus `--config FILE` and
+`--print-config`. Flags are parsed as words; the option table checks them."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from typing import NoReturn
+
+from dflash_train.config.loader import ResolvedConfig, load_config
+from dflash_train.config.train_config import GROUP_TITLES, GROUPS, OPTIONS, ConfigError
+
+CONTROL_DESTS = ("config", "print_config")
+
+
+def _help(name: str) -> str:
+    spec = OPTIONS[name]
+    details = [] if spec.default is None else [f"default {spec.text(spec.default)}"]
+    if spec.bounds() and not spec.choices:
+        details.append(spec.bounds())
+    if spec.live:
+        details.append("live")
+    if spec.env:
+        details.append(f"env {spec.env}")
+    return f"{spec.help} ({'; '.join(details)})" if details else spec.help
+
+
+def add_option_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        default=None,
+        help="options from a TOML file (or a recorded config.json); flags given here win",
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config and each value's source as JSON, then exit",
+    )
+    for group in GROUPS:
+        section = parser.add_argument_group(GROUP_TITLES[group])
+        for name, spec in OPTIONS.items():
+            if spec.group != group:
+                continue
+            metavar = spec.metavar or ("|".join(spec.choices) if spec.choices else None)
+            section.add_argument(
+                spec.flag,
+                dest=name,
+                default=argparse.SUPPRESS,
+                metavar=metavar or spec.kind.upper(),
+                help=_help(name),
+            )
+
+
+def given_options(args: argparse.Namespace) -> dict[str, object]:
+    """The option flags present on the command line, as their raw words."""
+    return {k: v for k, v in vars(args).items() if k in OPTIONS}
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def resolve_train_args(
+    train_args: Sequence[str],
+    *,
+    environ: Mapping[str, str] | None = None,
+    output_dir: str | None = None,
+) -> ResolvedConfig:
+    """The config `dflash-train train TRAIN_ARGS` would run with; raises ConfigError.
+    `output_dir` is given by the caller (launch sets it from RUN_DIR)."""
+    parser = _RaisingParser(prog="dflash-train train", add_help=False)
+    add_option_arguments(parser)
+    args = parser.parse_args(list(train_args))
+    if args.print_config:
+        raise ConfigError("--print-config: not for a launch")
+    cli = given_options(args)
+    if output_dir is not None:
+        cli["output_dir"] = output_dir
+    return load_config(cli, config_file=args.config, environ=environ)
