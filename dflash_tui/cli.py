@@ -105,6 +105,21 @@ def form_defaults(launch: LaunchDefaults) -> dict[str, str]:
     return values
 
 
+# `dflash-tui replay|serve|fleet ...` (a profile of one of these names is reached as
+# `dflash-tui --run-dir ... NAME` or from the fleet).
+SUBCOMMANDS = ("replay", "serve", "fleet")
+
+
+def wants_fleet(args: argparse.Namespace) -> bool:
+    """No destination, no flag that names one, profiles in the config and none marked as
+    the default: the console opens on the fleet of every profile."""
+    named = ("where", "container", "exec_prefix", "run_dir", "python", "jump")
+    if any(getattr(args, name, None) is not None for name in named):
+        return False
+    config = load_config()
+    return bool(config.profiles) and config.default_profile is None
+
+
 def choose_profile(args: argparse.Namespace, prefix: list[str]) -> Profile:
     """The profile named by WHERE (or the default one), or an ad-hoc one for a host, with
     the command line's flags on top."""
@@ -179,34 +194,50 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="keys: l launch, R restart, S stop, m hs_min_ready, 1-6 panes, t theme, "
         "p pause, ? help, q quit (the run keeps running)",
     )
-    parser.add_argument(
-        "where",
-        nargs="?",
-        metavar="PROFILE | [user@]host[:port]",
-        help="a profile from the config file, an SSH destination, or 'demo'; "
-        "none means this machine",
+    add_destination_options(
+        parser,
+        where_help="a profile from the config file, an SSH destination, or 'demo'; none "
+        "means this machine (or the fleet of every profile, when the config has profiles "
+        "and no default_profile)",
     )
+    parser.add_argument(
+        "--watch", action="store_true", help="read only: no launch, restart, stop or set"
+    )
+    return parser
+
+
+def add_destination_options(
+    parser: argparse.ArgumentParser, *, where_help: str, run_dir: bool = True
+) -> None:
+    """Where the console points: the options `dflash-tui`, `replay` and `serve` share."""
+    parser.add_argument("where", nargs="?", metavar="PROFILE | [user@]host[:port]", help=where_help)
     box = parser.add_mutually_exclusive_group()
     box.add_argument("--container", metavar="ID", help="run commands in `pct exec ID --`")
     box.add_argument(
         "--exec-prefix", metavar='"..."', help='argv prefix, e.g. "docker exec trainer"'
     )
-    parser.add_argument("--run-dir", metavar="DIR", help="the run directory on the box")
+    if run_dir:
+        parser.add_argument("--run-dir", metavar="DIR", help="the run directory on the box")
     parser.add_argument(
         "--python", metavar="PATH", help="Python on the box that has dflash_train installed"
     )
     parser.add_argument("--jump", metavar="HOST", help="SSH jump host, [user@]host[:port]")
-    parser.add_argument(
-        "--watch", action="store_true", help="read only: no launch, restart, stop or set"
-    )
     parser.add_argument("--theme", metavar="NAME", help="colour theme (t cycles them)")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words and words[0] in SUBCOMMANDS:
+        from dflash_tui import subcommands
+
+        return subcommands.main(words[0], words[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(words)
     try:
+        if wants_fleet(args):
+            from dflash_tui import subcommands
+
+            return subcommands.main("fleet", [])
         if args.where == "demo":
             from dflash_tui.demo import run_demo
 
