@@ -6,6 +6,7 @@ whatever the UI does."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +32,10 @@ WATCH_ONLY_ENV = "DFLASH_TUI_WATCH_ONLY"
 _OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-ConnectionStatus = Literal["connecting", "connected", "reconnecting", "failed"]
+ConnectionStatus = Literal["connecting", "connected", "reconnecting", "failed", "no_run"]
+# What `tail` and `logs` answer for a run dir that does not exist (yet).
+RUN_DIR_MISSING = "run_dir_missing"
+LOG_LINES = 500
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,12 @@ class ConnectionState:
     @classmethod
     def failed(cls, reason: str, error: TransportError | None = None) -> ConnectionState:
         return cls("failed", reason=reason, error=error)
+
+    @classmethod
+    def no_run(cls, reason: str) -> ConnectionState:
+        """The box answered, and there is no run dir: nothing to retry until a launch (or
+        the operator's `r`) says there may be one now."""
+        return cls("no_run", reason=reason)
 
 
 class ReadOnlyError(PermissionError):
@@ -138,6 +148,8 @@ class Session:
         self.control_timeout = control_timeout
         self.launch_wait = launch_wait
         self._cursor: tuple[str | None, int] = (None, -1)
+        # Set by `wake()`: waiting streams (backoff, no run dir yet) try again now.
+        self._wake = asyncio.Event()
         self.duplicates_dropped = 0
         self.connection = ConnectionState.connecting()
 
@@ -188,54 +200,104 @@ class Session:
     async def follow(self) -> None:
         """Follow the status stream until cancelled; returns only after reporting `failed`
         (a refused host key or login, or `max_attempts` spent)."""
-        await self._keep_streaming(self.tail_argv, self._deliver)
+        await self._keep_streaming(self.tail_argv, self._status_handler(self._deliver))
 
     async def follow_gpus(self, interval: float = 2.0) -> None:
         if not interval > 0:
             raise InputError(f"interval: {interval} must be above 0 seconds")
         argv = [*self.trainer, "gpus", "--follow", "--interval", f"{interval:g}"]
-        await self._keep_streaming(lambda: argv, self._on_gpu_line)
+        await self._keep_streaming(lambda: argv, self._status_handler(self._on_gpu_line))
+
+    async def follow_logs(
+        self,
+        on_text: Callable[[str], None],
+        on_state: Callable[[ConnectionState], None],
+        lines: int = LOG_LINES,
+    ) -> None:
+        """Follow train.log (`dflash-train logs --follow`); each (re)connection starts with
+        the last `lines` lines again, announced to `on_state` as `connected`."""
+        argv = [*self.trainer, "logs", self.run_dir, "--lines", str(lines), "--follow"]
+
+        def handle(raw: bytes) -> tuple[bool, Reply | None]:
+            if raw.startswith(b'{"v"'):
+                reply = protocol.decode_reply(raw)
+                if isinstance(reply, Reply) and not reply.ok:
+                    return False, reply
+            on_text(raw.decode("utf-8", errors="replace"))
+            return True, None
+
+        await self._keep_streaming(lambda: argv, handle, report=on_state)
+
+    def wake(self) -> None:
+        """Try every waiting stream now (the operator pressed `r`, or a launch made the run
+        dir): no backoff left to sit out."""
+        self._wake.set()
+
+    async def _sleep(self, delay: float | None) -> None:
+        self._wake.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), delay)
+
+    def _status_handler(
+        self, deliver: Callable[[StatusLine], None]
+    ) -> Callable[[bytes], tuple[bool, Reply | None]]:
+        def handle(raw: bytes) -> tuple[bool, Reply | None]:
+            decoded = protocol.decode_line(raw)
+            if isinstance(decoded, StatusLine):
+                deliver(decoded)
+                return True, None
+            # A command that cannot stream says why in a JSON reply: that is the reason
+            # to show, not a malformed status line.
+            reply = protocol.decode_reply(raw)
+            if isinstance(reply, Reply) and not reply.ok:
+                return False, reply
+            self._on_reject(decoded)
+            return False, None
+
+        return handle
 
     async def _keep_streaming(
-        self, make_argv: Callable[[], list[str]], deliver: Callable[[StatusLine], None]
+        self,
+        make_argv: Callable[[], list[str]],
+        handle: Callable[[bytes], tuple[bool, Reply | None]],
+        *,
+        report: Callable[[ConnectionState], None] | None = None,
     ) -> None:
+        report = report or self._report
         attempt = 0
-        self._report(ConnectionState.connecting())
+        report(ConnectionState.connecting())
         while True:
+            refusal: Reply | None = None
             try:
                 async with self.transport.stream(make_argv()) as lines:
-                    self._report(ConnectionState.connected())
-                    refusal = None
+                    report(ConnectionState.connected())
                     async for raw in lines:
-                        decoded = protocol.decode_line(raw)
-                        if isinstance(decoded, StatusLine):
-                            deliver(decoded)
+                        delivered, refused = handle(raw)
+                        refusal = refused or refusal
+                        if delivered:
                             # A stream that delivers resets the backoff; one that fails at
-                            # once (a missing run dir) keeps growing it.
+                            # once keeps growing it.
                             attempt = 0
-                            continue
-                        # A command that cannot stream says why in a JSON reply: that is
-                        # the reason to show, not a malformed status line.
-                        reply = protocol.decode_reply(raw)
-                        if isinstance(reply, Reply) and not reply.ok:
-                            refusal = reply.error
-                        else:
-                            self._on_reject(decoded)
-                    reason = _end_reason(lines.end, refusal)
+                    reason = _end_reason(lines.end, refusal.error if refusal else None)
             except TransportError as exc:
                 if not exc.retryable:
-                    self._report(ConnectionState.failed(str(exc), exc))
+                    report(ConnectionState.failed(str(exc), exc))
                     return
                 reason = str(exc)
+            if refusal is not None and refusal.error_code == RUN_DIR_MISSING:
+                # Retrying cannot help: wait for a launch or the operator's `r`.
+                report(ConnectionState.no_run(f"no run in {self.run_dir} yet"))
+                await self._sleep(None)
+                attempt = 0
+                report(ConnectionState.connecting())
+                continue
             attempt += 1
             if self.max_attempts is not None and attempt > self.max_attempts:
-                self._report(
-                    ConnectionState.failed(f"gave up after {attempt - 1} retries: {reason}")
-                )
+                report(ConnectionState.failed(f"gave up after {attempt - 1} retries: {reason}"))
                 return
             delay = self.backoff.delay(attempt)
-            self._report(ConnectionState.reconnecting(attempt, delay, reason))
-            await asyncio.sleep(delay)
+            report(ConnectionState.reconnecting(attempt, delay, reason))
+            await self._sleep(delay)
 
     # -----------------------------------------------------------------------------------
     # Control

@@ -5,6 +5,7 @@ reporting, the read-only gate and input checks."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -144,14 +145,35 @@ async def test_a_new_run_id_resets_the_cursor(tmp_path: Path) -> None:
 
 async def test_follow_gives_up_after_max_attempts(tmp_path: Path) -> None:
     rec = Recorder()
-    session = rec.session(LocalTransport(), tmp_path / "absent", max_attempts=2)
+    # A summary of 1 point is refused by the box, at once, every time.
+    session = rec.session(LocalTransport(), tmp_path, max_attempts=2, history_points=1)
     await asyncio.wait_for(session.follow(), 60)
     assert rec.states[-1].status == "failed"
     reason = rec.states[-1].reason or ""
     assert "gave up after 2 retries" in reason
     # tail answered with a JSON error reply: its message is the reason, not a bad line.
-    assert "run_dir:" in reason and "is not a directory" in reason
+    assert "history: 1 is below 2 points" in reason
     assert not rec.rejected and not rec.lines
+
+
+async def test_a_missing_run_dir_waits_for_a_wake_instead_of_retrying(tmp_path: Path) -> None:
+    rec = Recorder()
+    transport = LocalTransport()
+    session = rec.session(transport, tmp_path / "absent")
+    follow = asyncio.create_task(session.follow())
+    try:
+        await wait_for(lambda: bool(rec.states) and rec.states[-1].status == "no_run")
+        await asyncio.sleep(0.5)  # FAST backoff would have retried several times by now
+        assert [s.status for s in rec.states] == ["connecting", "connected", "no_run"]
+        assert "no run in" in (rec.states[-1].reason or "")
+        write_steps(tmp_path / "absent", "r1", 3)
+        session.wake()  # what a launch or the operator's `r` does
+        await wait_for(lambda: len(rec.lines) >= 3)
+        assert rec.states[-1].status == "connected"
+    finally:
+        follow.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follow
 
 
 async def test_read_only_session_refuses_before_anything_runs(tmp_path: Path) -> None:
