@@ -1,17 +1,25 @@
 """Who may attend to whom in a DFlash forward: block i's queries see context positions
-strictly before its anchor and every token of block i. SDPA with a dense boolean mask by
-default; flex attention with a sparse block mask on request (DFLASH_ATTENTION=flex).
+strictly before its anchor and every token of block i.
 
-Why SDPA by default: on an H200 (torch 2.11) the first compiled flex_attention call of a
-5-layer drafter for Qwen3-8B had not finished after 3 minutes, and the compile held the
-GIL so the target threads starved too; bucketed batches change shapes, so it recompiles.
-The dense mask is at most B x Q x (S+Q) booleans (8 x 8192 x 10240 = 0.7 GB at 512 anchors)
-and the mem-efficient SDPA kernel takes it without compiling anything."""
+Two implementations of that one rule:
+- "flex" (default on CUDA): torch's flex_attention with a block-sparse BlockMask built
+  directly from the anchors (no dense mask, no compiled create_block_mask). Only the
+  128x128 tiles that hold an allowed pair are visited, about 1/8 of the dense pairs at
+  512 anchors x block 16 over 2048 tokens. The kernel is compiled once per padded shape
+  (context and queries padded to multiples of PAD_TO, so a run sees few shapes), and the
+  trainer compiles the first shape on the main thread before any worker thread starts
+  (`warm_up`): a compile inside a worker holding the GIL once hung a launch.
+- "sdpa" (the reference, and the CPU path): SDPA with a dense boolean [B,1,Q,S+Q] mask.
+
+`DFLASH_ATTENTION=sdpa|flex|auto` picks one for backend "auto"."""
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,33 +29,68 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "flex", "sdpa")
+TILE = 128  # flex_attention's sparse block size
+# Context and query lengths are padded to multiples of this on the flex path: fewer shapes
+# to compile, and block-diagonal tiles that line up with the 128-tiles.
+PAD_TO = 256
+# Static shapes mean one compiled graph per padded shape; dynamo's default limit (8) would
+# silently drop to eager flex (a dense math path) after the eighth bucket shape.
+RECOMPILE_LIMIT = 256
 
 
 @dataclass(frozen=True)
 class AttentionLayout:
-    """Exactly one of the two masks is set. Keys are [context (S) | block tokens (N*bs)]."""
+    """Exactly one of the two masks is set. Keys are [context (S) | block tokens (Q)]; the
+    flex path pads them to [context (padded_context) | block tokens (padded_queries)]."""
 
     dense_mask: torch.Tensor | None  # [B, 1, Q, S+Q] bool, True = may attend
-    block_mask: Any | None  # flex_attention BlockMask
+    block_mask: Any | None  # flex_attention BlockMask over the padded shapes
+    context_len: int = 0
+    queries: int = 0
+    padded_context: int = 0
+    padded_queries: int = 0
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
 
 
 class _FlexState:
-    """flex_attention needs torch.compile; if that is unavailable at run time we fall back
-    to SDPA once, with a warning, rather than fail the run."""
+    """The compiled kernel, the shapes it has been compiled for, and whether flex works."""
 
+    lock = threading.Lock()
     compiled: Any = None
     broken: bool = False
+    seen: set[tuple[Any, ...]] = set()  # noqa: RUF012  (process-wide by design)
+    # Called with (seconds, shape key) after the first call of a new shape (a compile).
+    on_compile: Callable[[float, tuple[Any, ...]], None] | None = None
 
 
-def _flex_available(device: torch.device) -> bool:
+def flex_usable(device: torch.device) -> bool:
     if device.type != "cuda" or _FlexState.broken:
         return False
     try:
-        from torch.nn.attention import flex_attention  # noqa: F401
+        from torch.nn.attention.flex_attention import BlockMask  # noqa: F401
     except ImportError:
         _FlexState.broken = True
         return False
     return True
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """'flex' or 'sdpa' for a drafter on `device` (what run_start reports)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"attention backend: {backend!r} is not one of {BACKENDS}")
+    if backend != "auto":
+        return backend
+    chosen = os.environ.get("DFLASH_ATTENTION", "auto").strip() or "auto"
+    if chosen not in BACKENDS:
+        raise ValueError(f"DFLASH_ATTENTION: {chosen!r} is not one of {BACKENDS}")
+    if chosen == "sdpa":
+        return "sdpa"
+    if chosen == "flex":
+        return "flex" if device.type != "cuda" or flex_usable(device) else "sdpa"
+    return "flex" if flex_usable(device) else "sdpa"
 
 
 def dense_mask(
@@ -65,29 +108,83 @@ def dense_mask(
     return torch.cat((sees_ctx, same_block), dim=2)[:, None]
 
 
-def _flex_block_mask(
-    anchors: torch.Tensor, valid: torch.Tensor, context_len: int, block_size: int
-) -> Any:
-    from torch.nn.attention.flex_attention import create_block_mask
+def _tile_flags(
+    limit: torch.Tensor, context: int, queries: int, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(partial, full) [B, q_tiles, kv_tiles] bool over the padded shapes. `limit` [B, Q]
+    is each query's context bound (it sees context keys < limit). A full tile is one every
+    query of the Q-tile sees whole (no mask_mod needed); a partial one holds some pair."""
+    batch = limit.shape[0]
+    device = limit.device
+    keys = context + queries
+    q_tiles, kv_tiles = -(-queries // TILE), -(-keys // TILE)
+    pad = q_tiles * TILE - queries
+    hi = F.pad(limit, (0, pad), value=0).view(batch, q_tiles, TILE).amax(-1)
+    lo = F.pad(limit, (0, pad), value=keys).view(batch, q_tiles, TILE).amin(-1)
+    j = torch.arange(kv_tiles, device=device)
+    full = (j + 1) * TILE <= lo[..., None]  # lo <= an anchor < context: context tiles only
+    sees_context = j * TILE < hi[..., None]
+    t = torch.arange(q_tiles, device=device)
+    first_block = t * TILE // block_size
+    last_block = ((t + 1) * TILE).clamp(max=queries) - 1
+    last_block = last_block // block_size
+    first_key = context + first_block * block_size
+    last_key = (context + (last_block + 1) * block_size - 1).clamp(max=keys - 1)
+    own = (j >= (first_key // TILE)[:, None]) & (j <= (last_key // TILE)[:, None])
+    partial = (sees_context | own) & ~full
+    return partial, full
 
-    batch, blocks = anchors.shape
+
+def _pack(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, q_tiles, kv_tiles] bool -> (counts [B,1,q_tiles], indices [B,1,q_tiles,kv_tiles])
+    int32, the listed tiles first in key order."""
+    counts = flags.sum(-1, dtype=torch.int32)
+    order = torch.argsort((~flags).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return counts[:, None].contiguous(), order[:, None].contiguous()
+
+
+def flex_layout(
+    anchors: torch.Tensor, valid: torch.Tensor, context_len: int, block_size: int
+) -> AttentionLayout:
+    """A BlockMask for the padded shapes, from the anchors alone (a few small tensor ops on
+    the device, no host sync, nothing compiled)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    blocks = anchors.shape[1]
     queries = blocks * block_size
+    context = _round_up(context_len, PAD_TO)
+    padded_q = _round_up(queries, PAD_TO)
+    padded_blocks = -(-padded_q // block_size)
+    device = anchors.device
+    limit = torch.where(valid, anchors, torch.zeros_like(anchors))
+    limit = F.pad(limit, (0, padded_blocks - blocks), value=0)  # padded blocks see no context
+    # Key -> block it belongs to (-1 for context keys); padded context keys sit at
+    # positions >= context_len > every anchor, so no query sees them.
+    key_block = torch.cat(
+        (
+            torch.full((context,), -1, device=device, dtype=torch.long),
+            torch.arange(padded_q, device=device) // block_size,
+        )
+    )
 
     def mask_mod(b: Any, _h: Any, q_idx: Any, kv_idx: Any) -> Any:
         block = q_idx // block_size
-        sees_ctx = (kv_idx < context_len) & (kv_idx < anchors[b, block]) & valid[b, block]
-        same_block = (kv_idx >= context_len) & ((kv_idx - context_len) // block_size == block)
-        return sees_ctx | same_block
+        return (kv_idx < limit[b, block]) | (key_block[kv_idx] == block)
 
-    return create_block_mask(
-        mask_mod,
-        batch,
-        None,
-        queries,
-        context_len + queries,
-        device=anchors.device,
-        _compile=anchors.device.type == "cuda",
+    q_limit = limit.repeat_interleave(block_size, dim=1)[:, :padded_q]
+    partial, full = _tile_flags(q_limit, context, padded_q, block_size)
+    kv_num, kv_idx = _pack(partial)
+    full_num, full_idx = _pack(full)
+    block_mask = BlockMask.from_kv_blocks(
+        kv_num,
+        kv_idx,
+        full_num,
+        full_idx,
+        BLOCK_SIZE=TILE,
+        mask_mod=mask_mod,
+        seq_lengths=(padded_q, context + padded_q),
     )
+    return AttentionLayout(None, block_mask, context_len, queries, context, padded_q)
 
 
 def build_layout(
@@ -97,19 +194,74 @@ def build_layout(
     block_size: int,
     backend: str = "auto",
 ) -> AttentionLayout:
-    if backend not in BACKENDS:
-        raise ValueError(f"attention backend: {backend!r} is not one of {BACKENDS}")
-    chosen = os.environ.get("DFLASH_ATTENTION", "sdpa") if backend == "auto" else backend
-    want_flex = backend == "flex" or (chosen == "flex" and _flex_available(anchors.device))
-    if want_flex:
-        try:
-            return AttentionLayout(None, _flex_block_mask(anchors, valid, context_len, block_size))
-        except Exception as exc:  # a missing compiler toolchain shows up only here
-            if backend == "flex":
-                raise
-            _FlexState.broken = True
-            log.warning("flex_attention unavailable (%s); using SDPA with a dense mask", exc)
-    return AttentionLayout(dense_mask(anchors, valid, context_len, block_size), None)
+    if resolve_backend(backend, anchors.device) == "flex":
+        return flex_layout(anchors, valid, context_len, block_size)
+    return AttentionLayout(
+        dense_mask(anchors, valid, context_len, block_size),
+        None,
+        context_len,
+        anchors.shape[1] * block_size,
+    )
+
+
+def _pad_keys(t: torch.Tensor, layout: AttentionLayout) -> torch.Tensor:
+    """[context | blocks] -> [context, zeros | blocks, zeros] at the padded lengths."""
+    s, sp = layout.context_len, layout.padded_context
+    q, qp = layout.queries, layout.padded_queries
+    if sp == s and qp == q:
+        return t
+    b, h, _, d = t.shape
+    parts = [t[:, :, :s]]
+    if sp > s:
+        parts.append(t.new_zeros(b, h, sp - s, d))
+    parts.append(t[:, :, s:])
+    if qp > q:
+        parts.append(t.new_zeros(b, h, qp - q, d))
+    return torch.cat(parts, dim=2)
+
+
+def _compiled_flex() -> Any:
+    with _FlexState.lock:
+        if _FlexState.compiled is None:
+            import torch._dynamo
+            from torch.nn.attention.flex_attention import flex_attention
+
+            dynamo = torch._dynamo.config
+            for name in ("recompile_limit", "cache_size_limit"):
+                if hasattr(dynamo, name) and getattr(dynamo, name) < RECOMPILE_LIMIT:
+                    setattr(dynamo, name, RECOMPILE_LIMIT)
+            if (
+                getattr(dynamo, "accumulated_cache_size_limit", RECOMPILE_LIMIT)
+                < 4 * RECOMPILE_LIMIT
+            ):
+                dynamo.accumulated_cache_size_limit = 4 * RECOMPILE_LIMIT
+            _FlexState.compiled = torch.compile(flex_attention, dynamic=False, fullgraph=True)
+        return _FlexState.compiled
+
+
+def _flex(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout, scale: float
+) -> torch.Tensor:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    qp = layout.padded_queries
+    if qp > q.shape[2]:
+        q = F.pad(q, (0, 0, 0, qp - q.shape[2]))
+    k, v = _pad_keys(k, layout), _pad_keys(v, layout)
+    if not q.is_cuda:  # eager flex: a slow reference (tests)
+        out = flex_attention(q, k, v, block_mask=layout.block_mask, scale=scale, enable_gqa=True)
+        return out[:, :, : layout.queries]
+    kernel = _compiled_flex()
+    key = (tuple(q.shape), tuple(k.shape), q.dtype, str(q.device), q.requires_grad)
+    new = key not in _FlexState.seen
+    start = time.perf_counter()
+    out = kernel(q, k, v, block_mask=layout.block_mask, scale=scale, enable_gqa=True)
+    if new:
+        _FlexState.seen.add(key)
+        hook = _FlexState.on_compile
+        if hook is not None:
+            hook(time.perf_counter() - start, key)
+    return out[:, :, : layout.queries]
 
 
 def attend(
@@ -117,15 +269,7 @@ def attend(
 ) -> torch.Tensor:
     """q [B, Hq, Q, D], k/v [B, Hkv, K, D] (grouped-query) -> [B, Hq, Q, D]."""
     if layout.block_mask is not None:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        kernel = flex_attention
-        if q.is_cuda:
-            # Compiled once per process; eager flex (CPU, tests) is a slow reference.
-            if _FlexState.compiled is None:
-                _FlexState.compiled = torch.compile(flex_attention)
-            kernel = _FlexState.compiled
-        return kernel(q, k, v, block_mask=layout.block_mask, scale=scale, enable_gqa=True)
+        return _flex(q, k, v, layout, scale)
     if q.is_cuda and k.shape[1] != q.shape[1]:
         # With enable_gqa and a mask, CUDA SDPA falls back to the math kernel, which
         # materialises fp32 scores for every head; repeated K/V keep the mem-efficient one.

@@ -1,22 +1,22 @@
 """The DFlash training objective: sample anchors, draft every block of a batch in one
 forward, and score slot j against the token at anchor+j (same position, not shifted).
-Everything stays on the device; nothing here calls .item()."""
+Everything stays on the device; the only host sync is the count of rows that carry loss
+(rows of weight 0 skip the lm_head)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from dflash_train.drafter import DFlashDrafter
 
-# Rows of (logits over the vocab) per lm_head chunk: bounds the float32 logits held at once
-# to about 512 MiB whatever the vocab.
-LOGIT_ELEMENTS_PER_CHUNK = 1 << 27
+# Logit elements per lm_head chunk: bounds the float32 logits held at once to about 2 GiB
+# whatever the vocab (3,532 rows of Qwen3's 151,936).
+LOGIT_ELEMENTS_PER_CHUNK = 1 << 29
 
 
 @dataclass(frozen=True)
@@ -73,36 +73,96 @@ def tau_from_slot_acc(acc: Sequence[float]) -> float:
     return tau
 
 
-def _chunk_ce(
-    hidden: torch.Tensor, labels: torch.Tensor, lm_head: nn.Module
-) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = lm_head(hidden).float()
-    ce = F.cross_entropy(logits, labels, reduction="none")
-    correct = (logits.detach().argmax(dim=-1) == labels).float()
-    return ce, correct
+class _LinearCrossEntropy(torch.autograd.Function):
+    """sum_i w_i * CE(hidden_i @ W^T, label_i), with per-row CE and argmax-correctness as
+    side outputs, in one pass over the logits: each row chunk's logits are made once,
+    reduced to the loss terms and turned into the gradient right away (softmax - onehot,
+    times w), so nothing is recomputed in backward and full-vocab logits never exist for
+    more than one chunk. Backward only scales the stored gradients."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        labels: torch.Tensor,
+        row_weights: torch.Tensor,
+        chunk: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows = hidden.shape[0]
+        need_hidden = ctx.needs_input_grad[0]
+        need_weight = ctx.needs_input_grad[1]
+        w = weight if weight.dtype == hidden.dtype else weight.to(hidden.dtype)
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            if need_weight
+            else None
+        )
+        ce = torch.empty(rows, dtype=torch.float32, device=hidden.device)
+        correct = torch.empty(rows, dtype=torch.float32, device=hidden.device)
+        for start in range(0, rows, chunk):
+            part = slice(start, min(rows, start + chunk))
+            h = hidden[part]
+            y = labels[part]
+            logits = (h @ w.t()).float()  # bf16 products on the GPU, as lm_head() made them
+            correct[part] = (logits.argmax(dim=-1) == y).float()
+            lse = torch.logsumexp(logits, dim=-1)
+            ce[part] = lse - logits.gather(1, y[:, None]).squeeze(1)
+            if not (need_hidden or need_weight):
+                continue
+            probs = logits.sub_(lse[:, None]).exp_()  # in place: one fp32 buffer per chunk
+            probs.scatter_add_(1, y[:, None], torch.full_like(lse[:, None], -1.0))
+            probs.mul_(row_weights[part, None].float())
+            grad_logits = probs.to(h.dtype)
+            if grad_hidden is not None:
+                grad_hidden[part] = grad_logits @ w
+            if grad_weight is not None:
+                grad_weight += (grad_logits.t() @ h).float()
+        ctx.save_for_backward(*(t for t in (grad_hidden, grad_weight) if t is not None))
+        ctx.has_hidden, ctx.need_weight, ctx.weight_dtype = need_hidden, need_weight, weight.dtype
+        ctx.mark_non_differentiable(ce, correct)
+        total = (ce * row_weights.float()).sum()
+        return total, ce, correct
+
+    @staticmethod
+    def backward(ctx: Any, grad_total: torch.Tensor, *_: Any) -> tuple[Any, ...]:  # type: ignore[override]
+        saved = list(ctx.saved_tensors)
+        grad_hidden = grad_weight = None
+        if ctx.has_hidden:
+            stored = saved.pop(0)
+            grad_hidden = stored * grad_total.to(stored.dtype)
+        if ctx.need_weight:
+            grad_weight = (saved.pop(0) * grad_total).to(ctx.weight_dtype)
+        return grad_hidden, grad_weight, None, None, None
 
 
-def _slot_cross_entropy(
-    hidden: torch.Tensor, labels: torch.Tensor, lm_head: nn.Module, vocab: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row CE and correctness. Rows are chunked and each chunk's logits recomputed in
-    backward (checkpoint), so full-vocab float32 logits never exist for all rows at once."""
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    lm_head: nn.Module,
+    labels: torch.Tensor,
+    row_weights: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sum of w * CE, per-row CE, per-row correct) for hidden [N, H] through a bias-free
+    lm_head. Rows whose weight is zero are dropped before the lm_head (one host sync for
+    their count); their CE and correct read 0."""
+    weight = lm_head.weight
+    if getattr(lm_head, "bias", None) is not None:
+        raise ValueError("lm_head: a bias is not supported by the fused cross-entropy")
+    if torch.is_autocast_enabled(hidden.device.type):
+        hidden = hidden.to(torch.get_autocast_dtype(hidden.device.type))
     rows = hidden.shape[0]
-    chunk = max(1, LOGIT_ELEMENTS_PER_CHUNK // max(vocab, 1))
-    if rows <= chunk:
-        return _chunk_ce(hidden, labels, lm_head)
-    ces, corrects = [], []
-    for start in range(0, rows, chunk):
-        part = slice(start, start + chunk)
-        if torch.is_grad_enabled():
-            ce, correct = checkpoint(
-                _chunk_ce, hidden[part], labels[part], lm_head, use_reentrant=False
-            )
-        else:
-            ce, correct = _chunk_ce(hidden[part], labels[part], lm_head)
-        ces.append(ce)
-        corrects.append(correct)
-    return torch.cat(ces), torch.cat(corrects)
+    keep = (row_weights != 0).nonzero().squeeze(1)
+    kept = keep.numel()
+    chunk = max(1, LOGIT_ELEMENTS_PER_CHUNK // max(int(weight.shape[0]), 1))
+    if kept == rows:
+        return _LinearCrossEntropy.apply(hidden, weight, labels, row_weights, chunk)
+    total, ce_kept, correct_kept = _LinearCrossEntropy.apply(
+        hidden.index_select(0, keep), weight, labels[keep], row_weights[keep], chunk
+    )
+    ce = ce_kept.new_zeros(rows).index_copy_(0, keep, ce_kept)
+    correct = correct_kept.new_zeros(rows).index_copy_(0, keep, correct_kept)
+    return total, ce, correct
 
 
 def _as_autograd_input(tensor: torch.Tensor) -> torch.Tensor:
@@ -149,14 +209,13 @@ def dflash_forward_loss(
     counted = counted * inside * valid[:, :, None]
     weights = counted * slot_decay(size, device=counted.device)
 
-    vocab = int(target_embed.weight.shape[0])
-    ce, correct = _slot_cross_entropy(
-        hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1), target_lm_head, vocab
-    )
-    ce = ce.view(weights.shape)
+    weighted_ce, _ce, correct = linear_cross_entropy(
+        hidden.reshape(-1, hidden.shape[-1]), target_lm_head, labels.reshape(-1),
+        weights.reshape(-1),
+    )  # fmt: skip
     correct = correct.view(weights.shape)
     weight_sum = weights.sum()
-    loss = (ce * weights).sum() / weight_sum.clamp_min(1e-6)
+    loss = weighted_ce / weight_sum.clamp_min(1e-6)
     return LossOutput(
         loss=loss,
         slot_correct=(correct * counted).sum(dim=(0, 1)),

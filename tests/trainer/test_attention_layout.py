@@ -1,0 +1,134 @@
+"""The fast paths against their references, in float32 on the CPU: the block-sparse flex
+layout covers exactly the dense mask, the flex drafter gives the dense drafter's loss and
+gradients, and the fused lm_head cross-entropy equals plain cross-entropy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from drafter_fixtures import VOCAB, frozen_head, random_context, tiny_drafter
+
+from dflash_train import dflash_loss
+from dflash_train.attention_layout import TILE, dense_mask, flex_layout, resolve_backend
+from dflash_train.dflash_loss import dflash_forward_loss, linear_cross_entropy, sample_anchors
+
+
+def _tiles(num: torch.Tensor, idx: torch.Tensor, kv_tiles: int) -> torch.Tensor:
+    """BlockMask (counts, indices) -> [B, q_tiles, kv_tiles] bool of the listed tiles."""
+    b, _, q_tiles = num.shape
+    out = torch.zeros(b, q_tiles, kv_tiles, dtype=torch.bool)
+    for bi in range(b):
+        for t in range(q_tiles):
+            out[bi, t, idx[bi, 0, t, : num[bi, 0, t]].long()] = True
+    return out
+
+
+@pytest.mark.parametrize(("length", "blocks", "size"), [(300, 24, 16), (77, 9, 4), (520, 20, 12)])
+def test_flex_block_mask_is_the_dense_mask(length: int, blocks: int, size: int) -> None:
+    gen = torch.Generator().manual_seed(length)
+    loss_mask = (torch.rand(3, length, generator=gen) > 0.3).long()
+    anchors, valid = sample_anchors(loss_mask, blocks, size, gen)
+    valid[1, :3] = False  # some invalid anchors among valid ones
+    layout = flex_layout(anchors, valid, length, size)
+    bm = layout.block_mask
+    sp, qp = layout.padded_context, layout.padded_queries
+    assert sp % TILE == 0 and qp % TILE == 0 and sp >= length and qp >= blocks * size
+    # The padded dense mask: real queries see what dense_mask says, padded keys nothing.
+    dense = dense_mask(anchors, valid, length, size)[:, 0]
+    q = blocks * size
+    want = torch.zeros(3, qp, sp + qp, dtype=torch.bool)
+    want[:, :q, :length] = dense[:, :, :length]
+    want[:, :q, sp : sp + q] = dense[:, :, length:]
+    # mask_mod, evaluated everywhere, says the same for the real queries.
+    qi = torch.arange(qp)[:, None]
+    ki = torch.arange(sp + qp)[None, :]
+    got = torch.stack([bm.mask_mod(b, 0, qi, ki) for b in range(3)])
+    assert torch.equal(got[:, :q], want[:, :q])
+    kv_tiles = (sp + qp) // TILE
+    partial = _tiles(bm.kv_num_blocks, bm.kv_indices, kv_tiles)
+    full = _tiles(bm.full_kv_num_blocks, bm.full_kv_indices, kv_tiles)
+    assert not (partial & full).any()
+    per_tile = want.view(3, qp // TILE, TILE, kv_tiles, TILE)
+    some = per_tile.any(dim=(2, 4))
+    every = per_tile.all(dim=4).all(dim=2)
+    # Every allowed pair is in a listed tile; full tiles are wholly allowed; no listed
+    # tile is empty of allowed pairs except block tiles of padded queries.
+    assert not (some & ~(partial | full)).any()
+    assert torch.equal(full, full & every)
+    real_tiles = torch.arange(qp // TILE) * TILE < q
+    assert not (partial & ~some)[:, real_tiles].any()
+
+
+def _loss_and_grads(drafter: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple:
+    embed, head = frozen_head()
+    drafter.zero_grad(set_to_none=True)
+    out = dflash_forward_loss(drafter, embed, head, **batch)
+    out.loss.backward()
+    grads = {n: p.grad.clone() for n, p in drafter.named_parameters() if p.grad is not None}
+    return out, grads
+
+
+def test_flex_drafter_gives_the_dense_loss_and_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole flex path (padding, block mask, mask_mod) through flex_attention's own
+    math backward; torch refuses a CPU backward only at its front door, so open it."""
+    import torch.nn.attention.flex_attention as flex_module
+
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *_a: None)
+    gen = torch.Generator().manual_seed(5)
+    length = 40
+    input_ids = torch.randint(0, VOCAB, (2, length), generator=gen)
+    loss_mask = torch.ones_like(input_ids)
+    loss_mask[0, :10] = 0
+    loss_mask[1, 30:] = 0
+    anchors, valid = sample_anchors(loss_mask, 6, 4, gen)
+    batch = {
+        "context": random_context(2, length),
+        "input_ids": input_ids,
+        "loss_mask": loss_mask,
+        "anchors": anchors,
+        "valid": valid,
+    }
+    drafter = tiny_drafter(num_layers=2)
+    drafter.attention_backend = "sdpa"
+    dense, dense_grads = _loss_and_grads(drafter, batch)
+    drafter.attention_backend = "flex"
+    flex, flex_grads = _loss_and_grads(drafter, batch)
+    torch.testing.assert_close(flex.loss, dense.loss, rtol=1e-6, atol=1e-6)
+    assert torch.equal(flex.slot_correct, dense.slot_correct)
+    assert dense_grads.keys() == flex_grads.keys() and len(dense_grads) > 5
+    for name, grad in dense_grads.items():
+        torch.testing.assert_close(flex_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_fused_cross_entropy_equals_plain_cross_entropy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dflash_loss, "LOGIT_ELEMENTS_PER_CHUNK", 7 * VOCAB)  # several chunks
+    gen = torch.Generator().manual_seed(3)
+    _, head = frozen_head()
+    head.requires_grad_(True)  # also check the weight gradient, which a target never needs
+    hidden = torch.randn(30, head.in_features, generator=gen, requires_grad=True)
+    labels = torch.randint(0, VOCAB, (30,), generator=gen)
+    weights = torch.rand(30, generator=gen)
+    weights[[0, 4, 5, 29]] = 0.0  # rows without loss skip the lm_head
+    total, ce, correct = linear_cross_entropy(hidden, head, labels, weights)
+    (total * 0.37).backward()
+    got = hidden.grad.clone(), head.weight.grad.clone()
+    hidden.grad = head.weight.grad = None
+    logits = head(hidden)
+    ref_ce = F.cross_entropy(logits, labels, reduction="none")
+    ((ref_ce * weights).sum() * 0.37).backward()
+    kept = weights != 0
+    torch.testing.assert_close(total, (ref_ce * weights).sum())
+    torch.testing.assert_close(ce[kept], ref_ce[kept].detach())
+    assert torch.equal(correct[kept], (logits.argmax(-1) == labels).float()[kept])
+    assert not ce[~kept].any() and not correct[~kept].any()
+    torch.testing.assert_close(got[0], hidden.grad)
+    torch.testing.assert_close(got[1], head.weight.grad)
+
+
+def test_cpu_auto_is_sdpa_and_env_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    assert resolve_backend("auto", cpu) == "sdpa"
+    monkeypatch.setenv("DFLASH_ATTENTION", "xformers")
+    with pytest.raises(ValueError, match="DFLASH_ATTENTION"):
+        resolve_backend("auto", cpu)
