@@ -178,3 +178,21 @@ def test_the_config_package_is_standard_library_only() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_launch_form_checks_with_the_option_table() -> None:
+    from dflash_tui.screens.launch_fields import LAUNCH_FIELDS, FieldError, check_field
+
+    for field in LAUNCH_FIELDS:
+        if field.flag is not None:
+            assert field.flag == OPTIONS[field.name].flag
+    assert next(f for f in LAUNCH_FIELDS if f.name == "epochs").placeholder == "6"
+    # The form refuses what the trainer refuses, with the trainer's reason...
+    for name, text in (("lr", "0"), ("epochs", "0"), ("pipeline", "fast")):
+        with pytest.raises(ConfigError) as trainer:
+            resolve_train_args([OPTIONS[name].flag, text], output_dir="o")
+        with pytest.raises(FieldError) as form:
+            check_field(name, text)
+        assert str(trainer.value).endswith(str(form.value)), (trainer.value, form.value)
+    # ...and takes what it takes (the trainer runs with any positive learning rate).
+    assert check_field("lr", "2") == "2"

@@ -119,7 +119,9 @@ class Option:
             raise OptionError(f"expected a string, got {_shown(raw)}")
         text = raw.strip()
         if self.choices and text not in self.choices:
-            raise OptionError(f"expected one of {', '.join(self.choices)}, got {_shown(text)}")
+            words = [repr(c) for c in self.choices]
+            listed = " or ".join(words) if len(words) == 2 else "one of " + ", ".join(words)
+            raise OptionError(f"expected {listed}, got {_shown(text)}")
         if not text:
             raise OptionError("must not be empty")
         return text
@@ -149,12 +151,12 @@ class Option:
 
     def _check_bounds(self, value: float) -> None:
         shown = _number_text(value)
-        if self.minimum is not None and value < self.minimum:
-            raise OptionError(f"must be at least {_number_text(self.minimum)}, got {shown}")
+        low, high = self.minimum, self.maximum
+        if (low is not None and value < low) or (high is not None and value > high):
+            ends = ["" if end is None else _number_text(end) for end in (low, high)]
+            raise OptionError(f"{shown} is out of range {ends[0]}..{ends[1]}")
         if self.above is not None and value <= self.above:
             raise OptionError(f"must be above {_number_text(self.above)}, got {shown}")
-        if self.maximum is not None and value > self.maximum:
-            raise OptionError(f"must be at most {_number_text(self.maximum)}, got {shown}")
         if self.below is not None and value >= self.below:
             raise OptionError(f"must be below {_number_text(self.below)}, got {shown}")
 

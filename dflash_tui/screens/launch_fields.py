@@ -1,56 +1,51 @@
-"""The launch form's fields: how each is checked and which `dflash-train train` flag it becomes.
-No Textual here, so the rules can be read (and tested) on their own."""
+"""The launch form's fields: which trainer options it asks for, each checked by the option's
+own rule from the trainer's table (`dflash_train.config`), and the flags they become. No
+Textual here, so the rules can be read (and tested) on their own."""
 
 from __future__ import annotations
 
-import math
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from dflash_train import protocol
+from dflash_train.config import OPTIONS
+from dflash_train.config.options import OptionError
 
 
 class FieldError(ValueError):
     """The one-line reason shown under the field."""
 
 
-def _required(text: str) -> str:
-    if not text.strip():
-        raise FieldError("required")
-    return text.strip()
+def _option_check(name: str) -> Callable[[str], str]:
+    """The trainer's own rule for the option (type, bounds, choices): the form refuses what
+    `dflash-train train` would. Numbers keep the text as typed; integers are normalised."""
+    spec = OPTIONS[name]
 
-
-def _int_in(low: int, high: int | None = None) -> Callable[[str], str]:
     def check(text: str) -> str:
         try:
-            value = int(text.strip(), 10)
-        except ValueError:
-            raise FieldError(f"expected a whole number, got {text.strip()!r}") from None
-        if value < low or (high is not None and value > high):
-            upper = "" if high is None else str(high)
-            raise FieldError(f"{value} is out of range {low}..{upper}")
-        return str(value)
+            value = spec.parse(text)
+        except OptionError as exc:
+            raise FieldError(str(exc)) from None
+        if value is None:
+            return ""
+        return spec.text(value) if spec.kind == "int" else text.strip()
 
     return check
 
 
-def _optional(check: Callable[[str], str]) -> Callable[[str], str]:
-    return lambda text: check(text) if text.strip() else ""
+def _devices(name: str) -> Callable[[str], str]:
+    """`cpu`, or GPU indices separated by commas, each once (the console's stricter rule),
+    then the trainer's own device rule."""
+    trainer_rule = _option_check(name)
+
+    def check(text: str) -> str:
+        return trainer_rule(_device_words(text))
+
+    return check
 
 
-def _learning_rate(text: str) -> str:
-    try:
-        value = float(text.strip())
-    except ValueError:
-        raise FieldError(f"expected a number such as 6e-4, got {text.strip()!r}") from None
-    if not math.isfinite(value) or not 0 < value < 1:
-        raise FieldError(f"{value:g} is outside (0, 1)")
-    return text.strip()
-
-
-def _devices(text: str) -> str:
-    """`cpu`, or GPU indices separated by commas, each once."""
+def _device_words(text: str) -> str:
     text = text.strip().replace(" ", "")
     if text == "cpu":
         return text
@@ -62,12 +57,6 @@ def _devices(text: str) -> str:
     if len(set(parts)) != len(parts):
         raise FieldError("a GPU is listed twice")
     return ",".join(str(int(p)) for p in parts)
-
-
-def _pipeline(text: str) -> str:
-    if text.strip() not in ("sync", "async"):
-        raise FieldError("expected 'sync' or 'async'")
-    return text.strip()
 
 
 def _extra_args(text: str) -> str:
@@ -87,21 +76,41 @@ class LaunchField:
     flag: str | None
     check: Callable[[str], str]
     placeholder: str = ""
+    help: str = ""
 
 
+def _field(name: str, label: str, placeholder: str = "") -> LaunchField:
+    """A form field for a trainer option: flag, check, help and default from its table."""
+    spec = OPTIONS[name]
+    default = protocol.DEFAULT_SETTINGS.get(name, spec.default)
+    bounds = spec.bounds()
+    return LaunchField(
+        name,
+        label,
+        spec.flag,
+        _devices(name) if spec.kind == "devices" else _option_check(name),
+        placeholder or spec.text(default),
+        f"{spec.help} ({bounds})" if bounds else spec.help,
+    )
+
+
+# The options the form asks for, in its order; the others go in "extra args".
 LAUNCH_FIELDS: tuple[LaunchField, ...] = (
-    LaunchField("target_model", "target model", "--target-model", _required, "path or name"),
-    LaunchField("data_dir", "data dir", "--data-dir", _required, "prepared dataset on the box"),
-    LaunchField("target_gpus", "target GPUs", "--target-gpus", _devices, "cpu or 0,1,2"),
-    LaunchField("drafter_gpus", "drafter GPUs", "--drafter-gpus", _devices, "cpu or 3"),
-    LaunchField("pipeline", "pipeline", "--pipeline", _pipeline, "sync or async"),
-    LaunchField("epochs", "epochs", "--epochs", _int_in(1), "6"),
-    LaunchField("lr", "learning rate", "--lr", _learning_rate, "6e-4"),
-    LaunchField("hs_queue_depth", "hs-queue-depth", "--hs-queue-depth", _int_in(1, 4096), "8"),
-    LaunchField("hs_min_ready", "hs-min-ready", "--hs-min-ready", _int_in(1, 4096), "2"),
-    LaunchField("max_steps", "max steps", "--max-steps", _optional(_int_in(1)), "blank: all"),
-    LaunchField("extra", "extra args", None, _extra_args, "--block-size 16 --seed 0"),
-)
+    _field("target_model", "target model", "path or name"),
+    _field("data_dir", "data dir", "prepared dataset on the box"),
+    _field("target_gpus", "target GPUs", "cpu or 0,1,2"),
+    _field("drafter_gpus", "drafter GPUs", "cpu or 3"),
+    _field("pipeline", "pipeline", "sync or async"),
+    _field("epochs", "epochs"),
+    _field("lr", "learning rate", "6e-4"),
+    _field("hs_queue_depth", "hs-queue-depth"),
+    _field("hs_min_ready", "hs-min-ready"),
+    _field("max_steps", "max steps", "blank: all"),
+    LaunchField(
+        "extra", "extra args", None, _extra_args, "--block-size 16 --seed 0",
+        "more `dflash-train train` flags, checked on the box",
+    ),
+)  # fmt: skip
 FIELD_NAMES = tuple(f.name for f in LAUNCH_FIELDS)
 
 

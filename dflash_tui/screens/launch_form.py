@@ -39,11 +39,13 @@ class LaunchForm(ModalScreen[list[str] | None]):
                     with Horizontal(classes="form-row"):
                         yield Label(spec.label, classes="form-label")
                         with Vertical(classes="form-cell"):
-                            yield Input(
+                            field = Input(
                                 self.defaults.get(spec.name, ""),
                                 placeholder=spec.placeholder,
                                 id=f"field-{spec.name}",
                             )
+                            field.tooltip = spec.help  # the trainer's help and bounds
+                            yield field
                             yield Static("", id=f"error-{spec.name}", classes="field-error")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Launch…", id="submit", variant="primary")
