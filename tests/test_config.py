@@ -48,7 +48,7 @@ def test_flags_beat_environment_beats_file_beats_defaults(tmp_path: Path) -> Non
     assert config.optimiser.epochs == 3 and sources["epochs"] == f"file:{toml}"
     assert config.run.profile_interval == 10.0 and sources["profile_interval"] == f"file:{toml}"
     assert config.run.stall_after == 50.0 and sources["stall_after"] == "env:DFLASH_STALL_AFTER"
-    assert config.model.attention == "sdpa" and sources["attention"] == "default"
+    assert config.model.attention == "auto" and sources["attention"] == "default"
     assert config.pipeline.target_gpus == ("cuda:0", "cuda:1")
     assert config.live_settings() == {"hs_queue_depth": 40, "hs_min_ready": 2}
     assert config.get("seed") == 0 and sources["seed"] == "default"

@@ -82,9 +82,10 @@ class ModelOptions:
     num_buckets: int = option("int", 8, "length buckets for batching", minimum=1)
     attention: str = option(
         "choice",
-        "sdpa",
-        "drafter attention: sdpa (dense mask), or flex where the GPU supports it",
-        choices=("sdpa", "flex"),
+        "auto",
+        "drafter attention: flex (block-sparse), sdpa (dense mask), or auto: flex where the "
+        "GPU runs it, else sdpa",
+        choices=("auto", "sdpa", "flex"),
         env="DFLASH_ATTENTION",
     )
 
