@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dflash_train.config.environment import cache_dir_override
 from dflash_train.target_presets import RANDOM_PRESETS, build_random_model
 
 if TYPE_CHECKING:
@@ -48,9 +49,9 @@ class ResolvedTarget:
 
 
 def cache_root() -> Path:
-    env = os.environ.get("DFLASH_CACHE_DIR")
-    if env:
-        return Path(env).expanduser().absolute()
+    override = cache_dir_override()
+    if override is not None:
+        return override
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("dflash"))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import netrc
-import os
 import queue
 import sys
 import threading
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from dflash_train.config.environment import wandb_environment
+
 _STOP = object()
 DEFAULT_HOST = "https://api.wandb.ai"
 
@@ -26,7 +27,7 @@ DEFAULT_HOST = "https://api.wandb.ai"
 def wandb_credentials(env: Mapping[str, str] | None = None) -> str | None:
     """Where this process's W&B key comes from: "WANDB_API_KEY", "netrc", or None. Only
     the source is returned: the key itself is left for wandb to read."""
-    env = os.environ if env is None else env
+    env = wandb_environment() if env is None else env
     if env.get("WANDB_API_KEY"):
         return "WANDB_API_KEY"
     host = urlparse(env.get("WANDB_BASE_URL") or DEFAULT_HOST).hostname or "api.wandb.ai"
