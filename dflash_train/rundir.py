@@ -34,6 +34,11 @@ class RunDir:
         return self.root / "run.json"
 
     @property
+    def config(self) -> Path:
+        """The resolved TrainConfig the current run was started with (launch/restart)."""
+        return self.root / "config.json"
+
+    @property
     def lock(self) -> Path:
         return self.root / "run.lock"
 

@@ -80,3 +80,14 @@ def resolve_train_args(
     if output_dir is not None:
         cli["output_dir"] = output_dir
     return load_config(cli, config_file=args.config, environ=environ)
+
+
+def parse_flags(words: Sequence[str]) -> dict[str, object]:
+    """`--option VALUE` words (a restart's `-- --lr 1e-4`) as raw values by option name;
+    raises ConfigError for an unknown flag or a stray word."""
+    parser = _RaisingParser(prog="dflash-train train", add_help=False)
+    add_option_arguments(parser)
+    args = parser.parse_args(list(words))
+    if args.config is not None or args.print_config:
+        raise ConfigError("--config: not an override (give options one by one)")
+    return given_options(args)

@@ -144,13 +144,12 @@ def environment_layer(environ: Mapping[str, str] | None = None) -> Layer:
     return Layer("env", values, where, sources)
 
 
-def cli_layer(values: Mapping[str, object], source: str = "cli") -> Layer:
-    """Values from command-line flags (`where` names the flag) or `--set` (the option)."""
-    if source == "cli":
-        where = {name: OPTIONS[name].flag for name in values if name in OPTIONS}
-    else:
-        where = dict.fromkeys(values, source)
-    return Layer(source, values, where)
+def cli_layer(values: Mapping[str, object], source: str = "cli", where: str = "") -> Layer:
+    """Values from command-line flags (an error names the flag) or from another source
+    named by `where` (a restart's `--set`)."""
+    if where:
+        return Layer(source, values, dict.fromkeys(values, where))
+    return Layer(source, values, {name: OPTIONS[name].flag for name in values if name in OPTIONS})
 
 
 def record_layer(record: Mapping[str, object], path: str | Path) -> Layer:

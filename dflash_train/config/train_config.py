@@ -135,6 +135,11 @@ GROUP_TITLES = {
 }
 
 
+# Options a restart sets itself (same or new run id, where to resume, the run dir), never
+# taken as an operator's override.
+RESTART_OWNED = ("run_id", "resume_from", "output_dir")
+
+
 def _table() -> dict[str, Option]:
     table: dict[str, Option] = {}
     for group, cls in GROUPS.items():

@@ -1,0 +1,101 @@
+"""A run directory's resolved config (`config.json`): launch and restart write it just before
+the trainer starts, and the trainer is started from it (`train --config RUN_DIR/config.json`).
+A restart reads it back and applies its overrides to it; nothing rewrites argv."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dflash_train import protocol
+from dflash_train.config import OPTIONS, ConfigError, ResolvedConfig, resolve
+from dflash_train.config.cli_options import parse_flags, resolve_train_args
+from dflash_train.config.loader import Layer, cli_layer, environment_layer, record_layer
+from dflash_train.config.train_config import RESTART_OWNED
+from dflash_train.rundir import RunDir, atomic_write_json, read_json
+
+
+@dataclass(frozen=True)
+class OverrideError(ValueError):
+    """`code` is the reply's error code: bad_override for a value, bad_train_args for a
+    word after `--` that is no train option."""
+
+    code: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def write_run_config(run_dir: RunDir, resolved: ResolvedConfig) -> None:
+    atomic_write_json(run_dir.config, resolved.record())
+
+
+def recorded_config(
+    run_dir: RunDir, record: Mapping[str, Any], environ: Mapping[str, str]
+) -> ResolvedConfig:
+    """The config the run was started with: config.json, or, for a run launched before
+    configs were recorded, its recorded train args. Raises ConfigError."""
+    data = read_json(run_dir.config)
+    if isinstance(data, dict):
+        return resolve([record_layer(data, run_dir.config)], check=False)
+    args = [str(a) for a in record.get("train_args") or ()]
+    return resolve_train_args(args, environ=environ, output_dir=str(run_dir.root))
+
+
+def override_values(sets: Mapping[str, str], extra: Sequence[str]) -> dict[str, object]:
+    """`--set KEY=VALUE` and `-- --option VALUE` overrides as raw values by option name
+    (`--set` wins). Raises OverrideError."""
+    try:
+        values = parse_flags(extra)
+    except ConfigError as exc:
+        raise OverrideError("bad_train_args", f"train args: {exc}") from None
+    for key, raw in sets.items():
+        if key not in OPTIONS:
+            raise OverrideError(
+                "bad_override", f"{key}: unknown setting (no such train option; see train --help)"
+            )
+        if key in RESTART_OWNED:
+            raise OverrideError("bad_override", f"{key}: set by restart itself, not an override")
+        values[key] = raw
+    return values
+
+
+def _resolved_layer(resolved: ResolvedConfig, source: str) -> Layer:
+    values = resolved.config.flat_record()
+    return Layer(source, values, dict.fromkeys(values, source), dict(resolved.sources))
+
+
+def restarted_config(
+    base: ResolvedConfig,
+    overrides: Mapping[str, object],
+    *,
+    environ: Mapping[str, str],
+    owned: Mapping[str, object],
+) -> ResolvedConfig:
+    """The recorded config with the environment's options and the overrides over it, and
+    the values restart owns (run id, resume point); checked whole. Live settings are
+    judged against the recorded ones with the protocol's rules, so `hs_queue_depth=4`
+    names the hs_min_ready it would strand. Raises OverrideError."""
+    live = {k: v for k, v in overrides.items() if k in protocol.LIVE_SETTINGS}
+    try:
+        protocol.validate_settings(
+            {k: str(v) for k, v in live.items()}, base.config.live_settings()
+        )
+        return resolve(
+            [
+                _resolved_layer(base, "record"),
+                environment_layer(environ),
+                cli_layer(overrides, "set", where="--set"),
+                Layer("restart", owned),
+            ]
+        )
+    except (protocol.SettingError, ConfigError) as exc:
+        raise OverrideError("bad_override", str(exc)) from None
+
+
+def changed_options(new: ResolvedConfig, old: ResolvedConfig) -> dict[str, dict[str, Any]]:
+    """What the operator changed (restart reports its own run id and resume point apart)."""
+    changed = new.config.changed_from(old.config)
+    return {k: v for k, v in changed.items() if k not in RESTART_OWNED}
