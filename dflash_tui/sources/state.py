@@ -1,10 +1,11 @@
-"""RunState: a pure reducer from status lines to what the console draws, in bounded memory
-(ring buffers), with min/max-preserving decimation of any series to a plot's width. A new
-run id starts a fresh state: runs are never mixed."""
+"""RunState: a pure reducer from status lines to what the console draws, in bounded memory:
+recent ring buffers, and the whole run's history of every plotted series (`run_history`).
+A new run id starts a fresh state: runs are never mixed."""
 
 from __future__ import annotations
 
 import math
+import operator
 import re
 import time
 from collections import Counter, deque
@@ -14,10 +15,15 @@ from typing import Any
 
 from dflash_train.commands.gpus import GPUS_RUN_ID
 from dflash_train.protocol import DEFAULT_SETTINGS, LIVE_SETTINGS, Rejected, Reply, StatusLine
+from dflash_tui.sources.run_history import RowGroup, RunHistory, SeriesView
 
 STEP_METRICS = ("loss", "acc", "tau", "ktok_s", "lr", "grad_norm")
 QUEUE_VALUES = ("hs_ready", "producer_wait", "consumer_wait", "starved")
 GPU_VALUES = ("util", "power_w", "mem_used", "temp_c")
+# Per-GPU values kept over the whole run (the heatmap's choices).
+GPU_HISTORY_VALUES = ("util", "power_w")
+CHECKPOINTS_KEPT = 2000
+_step_values = operator.itemgetter(*STEP_METRICS)
 STALL_AFTER_S = 60.0
 # Steps used for the rate behind the ETA: recent enough to follow a changed speed.
 RATE_WINDOW = 50
@@ -63,6 +69,9 @@ class RunState:
         self.gpu_available: bool | None = None
         self.gpu_unavailable: str | None = None
         self.last_gpu_arrival: float | None = None
+        # Per-GPU whole-run history, on the stream's clock (x: the run's step at the time).
+        self.gpu_timeline = RunHistory()
+        self._gpu_groups: dict[tuple[int, ...], RowGroup] = {}
         self._reset(None)
 
     def _reset(self, run_id: str | None) -> None:
@@ -86,7 +95,10 @@ class RunState:
         self.settings: dict[str, int] = {}
         self.events: deque[EventRecord] = deque(maxlen=self._events)
         self.checkpoint: StatusLine | None = None
+        self.checkpoints: deque[StatusLine] = deque(maxlen=CHECKPOINTS_KEPT)
         self.profile: StatusLine | None = None
+        self.history = RunHistory()
+        self._step_rows = self.history.group(STEP_METRICS)
         self.last_seq: int | None = None
         self.last_time: float | None = None
         self.last_arrival: float | None = None
@@ -138,6 +150,8 @@ class RunState:
         start_step = line.get("start_step")
         if isinstance(start_step, int):
             self.step = start_step
+        resumed = bool(line.get("resumed_from")) or bool(start_step)
+        self.history.mark("resume" if resumed else "start", self.step or 0, line.t)
 
     def _apply_step(self, line: StatusLine) -> None:
         fields = line.fields
@@ -153,6 +167,7 @@ class RunState:
             current[name] = value
             if value is not None:
                 metrics[name].append((step, value))
+        self._step_rows.add(step, line.t, _step_values(fields))
         if not fields.get("history"):
             # Decimated history points are too sparse for a rate; live steps are not.
             self._step_times.append((step, line.t))
@@ -165,6 +180,9 @@ class RunState:
         t = line.t
         for name in QUEUE_VALUES:
             self.queue_series[name].append((t, fields[name]))
+        step = self.step or 0
+        self.history.add("starved", step, fields["starved"], t)
+        self.history.add("hs_ready", step, fields["hs_ready"], t)
 
     def apply_gpu_reading(self, line: StatusLine) -> None:
         """A `gpu` line from the trainer or from `gpus --follow` (box telemetry between
@@ -179,7 +197,15 @@ class RunState:
         self.gpu_unavailable = None if available else str(reason or "NVML unavailable")
         self.last_gpu_arrival = self.clock()
         t = line.t
-        for gpu in line["gpus"]:
+        gpus = line["gpus"]
+        indexes = tuple(gpu["index"] for gpu in gpus)
+        rows = self._gpu_groups.get(indexes)
+        if rows is None:
+            names = tuple(f"gpu{i}.{name}" for i in indexes for name in GPU_HISTORY_VALUES)
+            rows = self._gpu_groups[indexes] = self.gpu_timeline.group(names)
+        values = tuple(gpu.get(name) for gpu in gpus for name in GPU_HISTORY_VALUES)
+        rows.add(self.step or 0, t, values)
+        for gpu in gpus:
             index = gpu["index"]
             self._gpus[index] = gpu
             rows = self._gpu_rows.get(index)
@@ -211,17 +237,29 @@ class RunState:
                 self.settings[key] = int(value)
         elif line["code"] == "epoch_end" and isinstance(line.get("epoch"), int):
             self.epoch = line["epoch"]
+        elif line["code"] == "eval" and _is_number(line.get("tau")):
+            # A real speculative-decoding evaluation's tau, when the run records one.
+            step = line.get("step")
+            x = step if _is_number(step) else self.step or 0
+            self.history.add("eval_tau", x, line["tau"], line.t)
 
     def _apply_checkpoint(self, line: StatusLine) -> None:
         self.checkpoint = line
+        self.checkpoints.append(line)
+        self.history.mark("checkpoint", line["step"], line.t)
         text = f"checkpoint at step {line['step']} ({line['seconds']:.1f} s): {line['path']}"
         self._record(line, "info", "checkpoint", text)
 
     def _apply_profile(self, line: StatusLine) -> None:
         self.profile = line
+        step = self.step or 0
+        for stage, ms in line["stages_ms"].items():
+            if _is_number(ms):
+                self.history.add(f"stage.{stage}", step, ms, line.t)
 
     def _apply_end(self, line: StatusLine) -> None:
         self.end = line
+        self.history.mark("end", self.step or 0, line.t)
         reason = line["reason"]
         text = f"run ended: {reason} (exit {line['exit_code']})"
         tail = line.get("error_tail")
@@ -298,6 +336,16 @@ class RunState:
             return None
         return max(0.0, (self.total_steps - self.step) / rate)
 
+    def since(self, span_s: float | None) -> float | None:
+        """Start time of the newest `span_s` seconds of the run; None (whole run) for None."""
+        return self.history.since(span_s)
+
+    def gpu_view(self, index: int, value: str, span_s: float | None, width: int) -> SeriesView:
+        """GPU `index`'s `value` (util, power_w) over the range, against time. The whole
+        run starts at the run's first line: readings from before it belong to the box."""
+        since = self.since(span_s) if span_s is not None else self.history.first_t
+        return self.gpu_timeline.view(f"gpu{index}.{value}", since, width, by_time=True)
+
     def series(self, name: str, width: int) -> list[tuple[float, float]]:
         """Points of a series ("loss", "queue.hs_ready", "gpu0.util", ...) decimated to
         at most `width` points, keeping each column's minimum and maximum."""
@@ -343,6 +391,10 @@ def decimate(points: Series | list[tuple[float, float]], width: int) -> list[tup
         else:
             out += (hi, lo)
     return out
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _y(point: tuple[float, float]) -> float:
