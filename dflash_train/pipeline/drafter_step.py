@@ -4,8 +4,12 @@ kernel, and metrics accumulate in a device buffer the monitor copies out asynchr
 
 from __future__ import annotations
 
+import collections
 import contextlib
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -33,15 +37,46 @@ class StepConfig:
 
 @dataclass(frozen=True)
 class MetricsSnapshot:
-    """Host copies of one log interval's sums, valid once `ready` has completed."""
+    """Host copies of one log interval's sums, valid once `ready` has completed. `release`
+    hands the pinned buffer and its event back to the stepper's free list once read."""
 
     values: torch.Tensor
     ready: Any | None
+    release: Callable[[], None] | None = field(default=None, compare=False)
 
     def wait(self) -> list[float]:
         if self.ready is not None:
             self.ready.synchronize()
-        return self.values.tolist()
+        out = self.values.tolist()
+        if self.release is not None:
+            self.release()
+        return out
+
+
+class _PinnedSlots:
+    """Reused (pinned host buffer, CUDA event) pairs for snapshots: a snapshot per log
+    interval then costs one async copy and one event record, no pinned allocation (which
+    goes through cudaHostAlloc when the host cache is cold) and no event creation."""
+
+    def __init__(self, shape: tuple[int, ...], limit: int = 64) -> None:
+        self.shape = shape
+        self.limit = limit
+        self._free: collections.deque[tuple[Any, Any]] = collections.deque()
+        self._lock = threading.Lock()
+
+    def take(self) -> tuple[Any, Any]:
+        import torch
+
+        with self._lock:
+            if self._free:
+                return self._free.popleft()
+        host = torch.empty(self.shape, dtype=torch.float32, pin_memory=True)
+        return host, torch.cuda.Event()
+
+    def give_back(self, slot: tuple[Any, Any]) -> None:
+        with self._lock:
+            if len(self._free) < self.limit:
+                self._free.append(slot)
 
 
 def anchor_seed(seed: int, epoch: int, position: int) -> int:
@@ -84,6 +119,7 @@ class DrafterStepper:
         self._metrics = torch.zeros(N_SCALARS + 2 * slots, device=device, dtype=torch.float32)
         self._streak = torch.zeros((), device=device, dtype=torch.float32)
         self._pinned = device.type == "cuda"
+        self._slots = _PinnedSlots(tuple(self._metrics.shape)) if self._pinned else None
         self._generator = torch.Generator(device=device)
         self._last_lr = float(self.scheduler.get_last_lr()[0])
 
@@ -160,15 +196,50 @@ class DrafterStepper:
         """Start copying the interval's sums to the host and reset them (no host sync)."""
         import torch
 
-        if self._pinned:
-            host = torch.empty(self._metrics.shape, dtype=torch.float32, pin_memory=True)
+        if self._slots is not None:
+            slot = self._slots.take()
+            host, event = slot
             host.copy_(self._metrics, non_blocking=True)
-            event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(self.device))
-        else:
-            host, event = self._metrics.clone(), None
+            self._metrics.zero_()
+            slots = self._slots
+            return MetricsSnapshot(host, event, lambda: slots.give_back(slot))
+        host = self._metrics.clone()
         self._metrics.zero_()
-        return MetricsSnapshot(host, event)
+        return MetricsSnapshot(host, None)
+
+    def warm_up(self, shapes: list[tuple[int, int]], context_dtype: Any) -> float:
+        """Run forward + backward once per (rows, length) shape on made-up tokens, then drop
+        the gradients: compiles the attention kernel for those shapes here, on the calling
+        (main) thread, before any worker starts. Touches no weights, optimizer state,
+        metrics or global RNG. Returns the seconds it took."""
+        import torch
+
+        from dflash_train.dflash_loss import dflash_forward_loss, sample_anchors
+
+        cfg = self.config
+        core = self.drafter
+        width = len(core.config.target_layer_ids) * core.config.hidden_size
+        vocab = int(self.embed_tokens.weight.shape[0])
+        gen = torch.Generator(device=self.device).manual_seed(0)
+        start = time.perf_counter()
+        for rows, length in shapes:
+            ids = torch.randint(0, vocab, (rows, length), device=self.device, generator=gen)
+            loss_mask = torch.ones_like(ids)
+            context = torch.randn(
+                rows, length, width, device=self.device, dtype=context_dtype, generator=gen
+            )
+            anchors, valid = sample_anchors(loss_mask, cfg.num_anchors, cfg.block_size, gen)
+            with self._autocast():
+                out = dflash_forward_loss(
+                    self.model, self.embed_tokens, self.lm_head, context, ids, loss_mask,
+                    anchors, valid,
+                )  # fmt: skip
+            out.loss.backward()
+            self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - start
 
     def state_dicts(self) -> tuple[dict[str, Any], dict[str, Any]]:
         return self.optimizer.state_dict(), self.scheduler.state_dict()

@@ -4,9 +4,11 @@ worker thread per target device that feeds the HiddenStatePool on its own CUDA s
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -104,6 +106,64 @@ def _extract(target: Target, batch: Batch, layer_ids: Sequence[int]) -> torch.Te
     from dflash_train.targets import extract_context
 
     return extract_context(target, batch.input_ids, batch.attention_mask, list(layer_ids))
+
+
+# Batch shapes (rows, length, padded) that the target warm-up runs: the first padded one
+# compiles a graph specialised to its length, the second a dynamic one; unpadded batches
+# (no attention mask reaches the layers) are a second graph family, likewise.
+WARM_UP_SHAPES = ((2, 256, True), (3, 320, True), (2, 256, False), (3, 320, False))
+
+
+def target_compile_wanted(target: Target) -> bool:
+    """Compile the target's decoder layers: on CUDA, unless DFLASH_COMPILE_TARGET=0."""
+    flag = os.environ.get("DFLASH_COMPILE_TARGET", "1").strip().lower()
+    return target.device.type == "cuda" and flag not in ("0", "false", "no", "off")
+
+
+def compile_target_layers(
+    target: Target, layer_ids: Sequence[int], backend: str = "inductor"
+) -> int:
+    """torch.compile each decoder layer up to the deepest needed one (the forward stops
+    there). Layers of one class share one compiled graph. Only `forward` is compiled, so
+    extract_context's hooks still run eagerly around it. Returns the layers compiled."""
+    import torch
+
+    count = 0
+    for layer in target.layers[: max(layer_ids) + 1]:
+        if "forward" not in vars(layer):
+            layer.forward = torch.compile(layer.forward, dynamic=True, backend=backend)
+            count += 1
+    return count
+
+
+def uncompile_target_layers(target: Target) -> None:
+    for layer in target.layers:
+        vars(layer).pop("forward", None)
+
+
+def warm_up_target(
+    target: Target,
+    layer_ids: Sequence[int],
+    shapes: Sequence[tuple[int, int, bool]] = WARM_UP_SHAPES,
+) -> float:
+    """One forward per shape on made-up tokens, on the calling (main) thread, so a worker
+    thread never compiles. Uses no global RNG. Returns the seconds it took."""
+    import torch
+
+    from dflash_train.targets import extract_context
+
+    device = target.device
+    gen = torch.Generator(device=device).manual_seed(0)
+    start = time.perf_counter()
+    for rows, length, padded in shapes:
+        ids = torch.randint(0, target.vocab_size, (rows, length), device=device, generator=gen)
+        mask = torch.ones_like(ids)
+        if padded:
+            mask[0, length - length // 4 :] = 0
+        extract_context(target, ids, mask, list(layer_ids))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
 
 
 END_OF_EPOCH = None

@@ -14,6 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from dflash_train import checkpoints
 from dflash_train.commands.train import settings_from_args
+from dflash_train.pipeline.compile_warm_up import (
+    compile_before_workers,
+    drafter_shapes,
+    kernels_in_use,
+)
 from dflash_train.pipeline.control_watch import ControlWatcher, read_control_rev
 from dflash_train.pipeline.distributed import RankGroup, RankInfo, shard_devices, shard_positions
 from dflash_train.pipeline.monitor import MonitorThread
@@ -119,6 +124,7 @@ class TrainingRun:
             )
         self._start_monitor()
         self._write_run_start()
+        self._compile_before_workers()
 
     def _load_data(self) -> None:
         from dflash_train.data.buckets import batch_plan_stats
@@ -321,6 +327,24 @@ class TrainingRun:
             start_step=self.step,
             settings=dict(self.settings),
             layer_ids=self.layer_ids,
+            kernels=kernels_in_use(self.drafter.attention_backend, self.device, self.targets),
+        )
+
+    def _compile_before_workers(self) -> None:
+        """Before any worker thread exists (compile_warm_up.py says why)."""
+
+        def emit(kind: str, **fields: Any) -> None:
+            if self.writer is not None:
+                self.writer.write(kind, **fields)
+
+        shapes = drafter_shapes(self.dataset.lengths, self.plan(self.epoch), self.args.max_length)
+        self.compile_report = compile_before_workers(
+            targets=self.targets,
+            layer_ids=self.layer_ids,
+            stepper=self.stepper,
+            attention_backend=self.drafter.attention_backend,
+            shapes=shapes,
+            emit=emit,
         )
 
     # -- the loop -----------------------------------------------------------------------

@@ -1,0 +1,82 @@
+"""Compiling the target's layers keeps extract_context's values, and the main-thread
+warm-up leaves nothing to compile for later batch shapes (so no worker thread compiles).
+Dynamo's graph capture is real; the 'eager' backend skips only the C++/Triton codegen."""
+
+from __future__ import annotations
+
+import torch
+from torch._dynamo.utils import counters
+
+from dflash_train.pipeline.compile_warm_up import drafter_shapes, kernels_in_use
+from dflash_train.pipeline.target_workers import (
+    compile_target_layers,
+    target_compile_wanted,
+    uncompile_target_layers,
+    warm_up_target,
+)
+from dflash_train.target_presets import RANDOM_PRESETS, build_random_model
+from dflash_train.targets import Target, extract_context
+
+
+def _fresh_tiny_target() -> Target:
+    torch.manual_seed(0)
+    model = build_random_model(RANDOM_PRESETS["tiny"], torch.device("cpu"), torch.float32)
+    model.eval().requires_grad_(False)
+    embed = model.get_input_embeddings()
+    return Target(
+        "random:tiny", model, None, 6, 64, int(embed.weight.shape[0]), embed,
+        model.get_output_embeddings(),
+    )  # fmt: skip
+
+
+def _batch(rows: int, length: int, padded: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(rows * 1000 + length)
+    ids = torch.randint(0, 1000, (rows, length), generator=gen)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[-1, length - 7 :] = 0
+    return ids, mask
+
+
+def test_compiled_layers_give_the_eager_context_and_warm_up_covers_later_shapes() -> None:
+    target = _fresh_tiny_target()
+    layer_ids = [1, 3]
+    later = [(4, 97, True), (5, 131, False), (2, 40, True)]
+    eager = [extract_context(target, *_batch(*shape), layer_ids) for shape in later]
+    assert compile_target_layers(target, layer_ids, backend="eager") == 4  # up to layer 3
+    torch._dynamo.reset()
+    counters.clear()
+    warm_up_target(
+        target, layer_ids, [(2, 48, True), (3, 64, True), (2, 48, False), (3, 64, False)]
+    )
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 1
+    for shape, want in zip(later, eager, strict=True):
+        torch.testing.assert_close(extract_context(target, *_batch(*shape), layer_ids), want)
+    assert counters["stats"]["unique_graphs"] == graphs  # nothing compiled after warm-up
+    uncompile_target_layers(target)
+    assert all("forward" not in vars(layer) for layer in target.layers)
+    assert not target_compile_wanted(target)  # CPU targets stay eager in the trainer
+
+
+def test_drafter_shapes_are_the_first_distinct_padded_batch_shapes() -> None:
+    lengths = [100, 300, 250, 700, 90, 5000]
+    batches = [[0, 4], [1, 2], [0, 4], [3], [5]]
+    assert drafter_shapes(lengths, batches, 2048) == [(2, 256), (2, 512)]
+    assert drafter_shapes(lengths, batches, 2048, count=4) == [
+        (2, 256),
+        (2, 512),
+        (1, 768),
+        (1, 2048),
+    ]
+
+
+def test_kernels_in_use_on_the_cpu() -> None:
+    target = _fresh_tiny_target()
+    kernels = kernels_in_use("auto", torch.device("cpu"), [target])
+    assert kernels == {
+        "attention": "sdpa",
+        "lm_head_loss": "fused_chunked_ce",
+        "target_layers": "eager",
+        "linear_attention": None,
+    }
