@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from dflash_train.config import ConfigError, ResolvedConfig, TrainConfig
+from dflash_train.config.cli_options import resolve_train_args
 from dflash_train.rundir import RunDir
 from dflash_train.targets import context_layer_count, target_layer_ids
 
@@ -45,24 +47,30 @@ class RaisingParser(argparse.ArgumentParser):
         raise ArgumentError(message)
 
 
-def parse_train_args(
+def resolve_launch_config(
     run_dir: RunDir, train_args: Sequence[str], environ: Mapping[str, str] | None = None
-) -> argparse.Namespace:
-    """The train command's own options and checks (`environ`: the trainer's environment),
-    so a typo is refused here with its reason rather than found in train.log later."""
-    from dflash_train.commands.train import as_namespace
-    from dflash_train.config import ConfigError
-    from dflash_train.config.cli_options import resolve_train_args
-
+) -> ResolvedConfig:
+    """The config `train TRAIN_ARGS --output-dir RUN_DIR` would run with in the environment
+    `environ` (the trainer's), checked here so a typo is refused with its reason rather
+    than found in train.log after the launch."""
     if any(a == "--output-dir" or a.startswith("--output-dir=") for a in train_args):
         raise PreflightError("bad_train_args", "--output-dir: set by launch from RUN_DIR")
     try:
-        resolved = resolve_train_args(
-            train_args, environ=environ or {}, output_dir=str(run_dir.root)
-        )
+        return resolve_train_args(train_args, environ=environ or {}, output_dir=str(run_dir.root))
     except ConfigError as exc:
         raise PreflightError("bad_train_args", f"train args: {exc}") from None
-    return as_namespace(resolved.config)
+
+
+def parse_train_args(
+    run_dir: RunDir, train_args: Sequence[str], environ: Mapping[str, str] | None = None
+) -> argparse.Namespace:
+    """resolve_launch_config's options as a flat namespace."""
+    return _namespace(resolve_launch_config(run_dir, train_args, environ).config)
+
+
+def _namespace(config: TrainConfig) -> argparse.Namespace:
+    values = config.values().items()
+    return argparse.Namespace(**{k: list(v) if isinstance(v, tuple) else v for k, v in values})
 
 
 def check_target(spec: str) -> Any:
@@ -207,6 +215,29 @@ def check_disk(run_dir: RunDir, needed: int) -> int:
     return free
 
 
+def preflight_config(
+    run_dir: RunDir, config: TrainConfig, *, allow_busy: bool, min_free_bytes: int | None
+) -> None:
+    """All checks of a checked config in the order an operator fixes them; raises
+    PreflightError."""
+    target = check_target(config.train.target_model)
+    context_layers = context_layer_count(target.num_layers, config.model.target_layers)
+    try:
+        target_layer_ids(target.num_layers, context_layers)
+    except ValueError as exc:
+        raise PreflightError("bad_train_args", f"--target-layers: {exc}") from None
+    check_data_dir(config.train.data_dir)
+    devices = [*(config.pipeline.target_gpus or ()), *(config.pipeline.drafter_gpus or ())]
+    check_gpus(gpu_indices(devices), allow_busy=allow_busy)
+    check_output_dir(run_dir)
+    if min_free_bytes is None:
+        estimate = checkpoint_estimate(
+            target.hidden_size, config.model.draft_layers, context_layers
+        )
+        min_free_bytes = max(MIN_FREE_BYTES, int(estimate * CHECKPOINT_HEADROOM))
+    check_disk(run_dir, min_free_bytes)
+
+
 def run_preflight(
     run_dir: RunDir,
     train_args: Sequence[str],
@@ -215,22 +246,7 @@ def run_preflight(
     min_free_bytes: int | None,
     environ: Mapping[str, str] | None = None,
 ) -> argparse.Namespace:
-    """All checks in the order an operator fixes them; raises PreflightError."""
-    args = parse_train_args(run_dir, train_args, environ)
-    target = check_target(args.target_model)
-    context_layers = context_layer_count(target.num_layers, args.target_layers)
-    try:
-        target_layer_ids(target.num_layers, context_layers)
-    except ValueError as exc:
-        raise PreflightError("bad_train_args", f"--target-layers: {exc}") from None
-    check_data_dir(args.data_dir)
-    check_gpus(
-        gpu_indices([*(args.target_gpus or []), *(args.drafter_gpus or [])]),
-        allow_busy=allow_busy,
-    )
-    check_output_dir(run_dir)
-    if min_free_bytes is None:
-        estimate = checkpoint_estimate(target.hidden_size, args.draft_layers, context_layers)
-        min_free_bytes = max(MIN_FREE_BYTES, int(estimate * CHECKPOINT_HEADROOM))
-    check_disk(run_dir, min_free_bytes)
-    return args
+    """Resolve the train args, then preflight_config; raises PreflightError."""
+    config = resolve_launch_config(run_dir, train_args, environ).config
+    preflight_config(run_dir, config, allow_busy=allow_busy, min_free_bytes=min_free_bytes)
+    return _namespace(config)
