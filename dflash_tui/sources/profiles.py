@@ -266,3 +266,42 @@ def remember(
         updated = replace(current, launch=replace(current.launch, hs_min_ready=number))
     save_config(Config({**config.profiles, profile: updated}, config.default_profile), path)
     return updated
+
+
+def add_profile(profile: Profile, path: Path | None = None) -> None:
+    """Append a profile to the config file, keeping the user's comments, order and layout
+    (tomlkit edits the document in place); the result is checked as `load_config` reads it
+    before it replaces the file."""
+    import tomlkit
+    from tomlkit.exceptions import TOMLKitError
+
+    path = path or config_path()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        text = ""
+    try:
+        document = tomlkit.parse(text)
+    except TOMLKitError as exc:
+        raise ProfileError(f"{path}: not valid TOML: {exc}") from None
+    table = _profile_table(profile)
+    parse_profile(profile.name, table)
+    profiles = document.get("profiles")
+    if profiles is None:
+        profiles = tomlkit.table(is_super_table=True)
+        document["profiles"] = profiles
+    elif not isinstance(profiles, dict):
+        raise ProfileError(f"{path}: profiles: expected a table of profiles")
+    if profile.name in profiles:
+        raise ProfileError(f"profile {profile.name!r}: already in {path}")
+    entry = tomlkit.table()
+    for key, value in table.items():
+        entry[key] = value
+    profiles[profile.name] = entry
+    updated = tomlkit.dumps(document)
+    try:
+        tomllib.loads(updated)
+    except tomllib.TOMLDecodeError as exc:  # pragma: no cover - tomlkit wrote bad TOML
+        raise ProfileError(f"{path}: the new profile would not read back: {exc}") from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, updated)
