@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -20,11 +21,13 @@ from dflash_train import protocol
 from dflash_train.protocol import Reply, StatusLine
 from dflash_tui import keymap, themes
 from dflash_tui.messages import ControlDone, LogTail, Note
-from dflash_tui.pane_refresh import PaneRefresh
+from dflash_tui.pane_refresh import PaneRefresh, event_entries
 from dflash_tui.screens.host_key_prompt import HostKeyPrompt
 from dflash_tui.screens.main import MainScreen
-from dflash_tui.screens.reply import ReplyDialog
+from dflash_tui.screens.reply import ReplyDialog, reply_line
 from dflash_tui.screens.restart_dialog import RestartRequest
+from dflash_tui.sources.alerts import DEFAULT_CHANNELS, Alert, AlertTracker, osc_notification
+from dflash_tui.sources.gpu_source import GpuSourcePicker
 from dflash_tui.sources.known_hosts import trust_host_key
 from dflash_tui.sources.session import ConnectionState, InputError, ReadOnlyError, Session
 from dflash_tui.sources.state import RunState
@@ -32,7 +35,12 @@ from dflash_tui.sources.transport import HostKeyUnknown, Transport
 from dflash_tui.widgets.events_log import EventEntry
 
 REFRESH_HZ = 2.0
-NOTES_KEPT = 200
+NOTES_KEPT = 2000
+# The run's events the events screen can scroll back through (the pane shows the newest).
+EVENTS_KEPT = 5000
+# An alert's toast stays until dismissed (x, or a click); a reply's goes after a while.
+ALERT_TOAST_S = 7 * 24 * 3600.0
+REPLY_TOAST_S = 8.0
 # How often a silent or crashed run is checked with `dflash-train status`.
 STATUS_EVERY_S = 30.0
 
@@ -52,6 +60,10 @@ class ConsoleOptions:
     remembered_min_ready: int | None = None
     follow_gpus: bool = True
     history_points: int = 400
+    # How alerts reach the operator (the profile's `alerts`): bell, toast, osc.
+    alerts: tuple[str, ...] = DEFAULT_CHANNELS
+    # A NAME=VALUE file on the box for the trainer (W&B keys): only its path is sent.
+    env_file: str | None = None
 
 
 Startup = Callable[["DflashApp"], Awaitable[None]]
@@ -74,7 +86,12 @@ class DflashApp(App[None]):
         self.options = options
         self.clock = clock
         self.startup = startup
-        self.state = RunState(clock=clock)
+        self.state = RunState(clock=clock, events=EVENTS_KEPT)
+        self.alerts = AlertTracker(clock=clock)
+        self.gpu_source = GpuSourcePicker(clock=clock)
+        self.wandb_url: str | None = None
+        self.replies: deque[Reply] = deque(maxlen=50)  # the newest last, for tests and help
+        self._refused_host_key: HostKeyUnknown | None = None
         self.session = self._make_session()
         self.paused = False
         self.connection = "connecting"
@@ -95,6 +112,8 @@ class DflashApp(App[None]):
         # The last hs_min_ready set live: a restart offers it, or the run would lose it.
         self.min_ready_choice: int | None = options.remembered_min_ready
         self.launch_draft: dict[str, str] = {}  # the launch form's fields as last left
+        self.escapes_written: deque[str] = deque(maxlen=20)
+        self.toasts: deque[tuple[str, str]] = deque(maxlen=50)  # (title, message)
 
     # -- wiring ----------------------------------------------------------------------
 
@@ -122,6 +141,7 @@ class DflashApp(App[None]):
             on_gpu_line=self._on_gpu_line,
             history_points=self.options.history_points,
             settings_in_force=self.live_settings,
+            env_file=self.options.env_file,
         )
 
     def on_mount(self) -> None:
@@ -172,23 +192,40 @@ class DflashApp(App[None]):
     # -- stream I/O (workers) --------------------------------------------------------
 
     def _on_line(self, line: StatusLine) -> None:
+        if line.run != self.state.run_id:
+            self.wandb_url = None
         self.state.apply(line)
         self.seen[line.kind] += 1
-        if line.kind == "event" and line["code"] == "history_end":
+        alert = self.alerts.on_line(line)
+        if alert is not None:
+            self.raise_alert(alert)
+        if line.kind == "gpu":
+            self.gpu_source.trainer_reading(line)
+        elif line.kind == "event" and line["code"] == "wandb_run":
+            url = line.get("url")
+            self.wandb_url = url if isinstance(url, str) and url else None
+        elif line.kind == "event" and line["code"] == "history_end":
             # The whole past is in: draw every pane now rather than at its next turn.
             self.request_redraw()
 
     def _on_gpu_line(self, line: StatusLine) -> None:
-        # `gpus --follow` readings fill the pane only while no trainer reports its own
-        # (the trainer's lines carry each GPU's role in the run).
-        if self.state.run_state not in ("running", "stalled"):
-            self.state.apply_gpu_reading(line)
+        # `gpus --follow` readings fill the pane while no trainer reports its own (they
+        # carry each GPU's role in the run), or once the trainer's are out of date.
+        live = self.state.run_state in ("running", "stalled")
+        shown = self.gpu_source.box_reading(line, run_live=live)
+        if shown is not None:
+            self.state.apply_gpu_reading(shown)
             self.seen["gpu"] += 1
 
     def _on_connection(self, state: ConnectionState) -> None:
         self.connection = state.status
         if state.status == "reconnecting":
             self.note("warning", f"reconnecting in {state.next_in:.0f} s: {state.reason}", "conn")
+        elif state.status == "no_run":
+            hint = "r checks again" if self.read_only else "press l to launch"
+            self.note("info", f"no run in {self.run_dir} yet — {hint}", "conn")
+        elif state.status == "connected":
+            self._refused_host_key = None
         elif state.status == "failed":
             self.note("error", f"connection failed: {state.reason}", "conn")
             if isinstance(state.error, HostKeyUnknown):
@@ -222,7 +259,8 @@ class DflashApp(App[None]):
         def answer(yes: bool | None) -> None:
             self._host_prompts.discard(where)
             if not yes or exc.key is None or exc.known_hosts_path is None:
-                self.note("warning", "host key refused: not connecting")
+                self._refused_host_key = exc
+                self.note("warning", "host key refused: not connecting (r asks again)")
                 return
             trust_host_key(exc.host, exc.port, exc.key, exc.known_hosts_path)
             self._trusted_keys.add(exc.fingerprint)
@@ -269,22 +307,40 @@ class DflashApp(App[None]):
     @on(ControlDone)
     def _control_done(self, message: ControlDone) -> None:
         if message.reply is None:
-            self.note("error", f"{message.command}: {message.problem}")
+            text = f"{message.command}: {message.problem}"
+            self.note("error", text)
+            self.toast(text, title=f"{message.command} not sent", severity="error")
             return
         reply = message.reply
+        self.replies.append(reply)
+        line = reply_line(reply)
         if reply.ok:
-            self.note("info", f"{message.command}: ok")
-            if message.command in ("launch", "restart") and self.connection in (
-                "reconnecting",
-                "failed",
-            ):
-                # The stream was waiting out its backoff on a run dir that had no run yet:
-                # the run exists now, so follow it at once.
-                self.connect_and_follow()
+            # One human line, kept in events; the dashboard stays in view.
+            self.note("info", line)
+            self.toast(line, title=message.command, timeout=REPLY_TOAST_S)
+            if message.command in ("launch", "restart"):
+                self.follow_now()
         else:
-            self.note("error", f"{message.command}: {reply.error} [{reply.error_code}]")
-        if message.command != "set" or not reply.ok:
+            # A failure keeps a modal: the reason and the log tail need reading.
+            self.note("error", line)
             self.push_screen(ReplyDialog(reply))
+
+    def follow_now(self) -> None:
+        """Follow the stream at once: after a launch made the run dir, or on the operator's
+        `r`. A failed follow (host key, login) starts again; a waiting one is woken."""
+        running = any(w.name == "follow" and w.is_running for w in self.workers)
+        if running and self.connection != "failed":
+            self.session.wake()
+        else:
+            self.connect_and_follow()
+
+    def reconnect_now(self) -> None:
+        refused, self._refused_host_key = self._refused_host_key, None
+        if refused is not None:
+            self.note("info", f"asking again about the host key of {refused.host}:{refused.port}")
+        else:
+            self.note("info", "reconnecting now")
+        self.follow_now()
 
     @on(Note)
     def _note_message(self, message: Note) -> None:
@@ -306,19 +362,57 @@ class DflashApp(App[None]):
             self.post_message(Note("warning", f"status: {exc}", key="status"))
             return
         self.state.apply_status(reply)
+        alert = self.alerts.on_status(reply)
+        if alert is not None:
+            self.raise_alert(alert)
         data = reply.data
         if reply.ok and (data.get("state") == "crashed" or data.get("reason") == "error"):
             tail = data.get("log_tail") or data.get("error_tail") or []
             lines = tail.splitlines() if isinstance(tail, str) else [str(t) for t in tail]
             self.post_message(LogTail(self.state.run_id, lines))
 
+    # -- alerts ----------------------------------------------------------------------
+
+    def raise_alert(self, alert: Alert) -> None:
+        channels = self.options.alerts
+        self.note("error", f"ALERT {alert.title}: {alert.text}", source="alert")
+        if "bell" in channels:
+            self.bell()  # tmux's monitor-bell flags the window
+        if "toast" in channels:
+            self.toast(alert.text, title=alert.title, severity="error", timeout=ALERT_TOAST_S)
+        if "osc" in channels:
+            self.write_escape(
+                osc_notification(
+                    f"dflash: {alert.title}", alert.text, in_tmux=bool(os.environ.get("TMUX"))
+                )
+            )
+        self.request_redraw()
+
+    def write_escape(self, sequence: str) -> None:
+        """Bytes for the terminal itself (as `bell()` writes BEL), never drawn."""
+        if not self.is_headless and self._driver is not None:
+            self._driver.write(sequence)
+        self.escapes_written.append(sequence)
+
+    def toast(self, message: str, **kwargs: Any) -> None:
+        """A toast, remembered (newest last) so what was shown can be asked later."""
+        self.toasts.append((str(kwargs.get("title", "")), message))
+        self.notify(message, markup=False, **kwargs)
+
+    def dismiss_alerts(self) -> None:
+        self.clear_notifications()
+        self.alerts.acknowledge()
+        self.request_redraw()
+
     # -- view state ------------------------------------------------------------------
 
-    def note(self, level: str, text: str, key: str | None = None) -> None:
+    def note(
+        self, level: str, text: str, key: str | None = None, *, source: str = "console"
+    ) -> None:
         if key is not None and self.notes and self._last_note_key == key:
             self.notes.pop()
         self._last_note_key = key
-        self.notes.append(EventEntry(self.clock(), level, text, source="console"))
+        self.notes.append(EventEntry(self.clock(), level, text, source=source))
         self.call_later(self.redraw)  # the events pane sees the new note; nothing else changed
 
     def request_redraw(self) -> None:
@@ -370,9 +464,16 @@ class DflashApp(App[None]):
         return {name: variables.get(name, "").removeprefix("ansi_") for name in names}
 
     def badge(self) -> str:
+        """The header's word: an alert's cause first, then the connection, then the run."""
+        alert = self.alerts.badge
+        if alert is not None:
+            return alert
         if self.connection != "connected":
             return self.connection
         return self.state.run_state
+
+    def event_entries(self) -> list[EventEntry]:
+        return event_entries(self)
 
     def frame_is_current(self) -> bool:
         return self.panes.frame_is_current(self)
@@ -382,6 +483,8 @@ class DflashApp(App[None]):
         if main is None or not main.is_attached:
             return
         now = self.clock()
+        for alert in self.alerts.check(self.state.run_state, self.connection, now):
+            self.raise_alert(alert)
         self.maybe_check_status(now)
         try:
             self.panes.paint(self, main, now)

@@ -158,6 +158,8 @@ def build_console(args: argparse.Namespace, prefix: list[str]) -> DflashApp:
         theme=profile.theme,
         remember=remember_in(profile),
         remembered_min_ready=profile.launch.hs_min_ready,
+        alerts=profile.alerts,
+        env_file=profile.env_file,
     )
     return DflashApp(transport, options)
 

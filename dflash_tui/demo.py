@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import platformdirs
 
+from dflash_train import protocol
+from dflash_train.protocol import Reply
 from dflash_tui.messages import ControlDone, Note
 
 if TYPE_CHECKING:
@@ -98,11 +100,12 @@ async def prepare_data(app: DflashApp, paths: DemoPaths) -> bool:
     proc = await asyncio.create_subprocess_exec(
         *argv,
         stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,  # the JSON reply: on failure it holds the reason
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
     )
-    assert proc.stderr is not None
+    assert proc.stderr is not None and proc.stdout is not None
+    reply_read = asyncio.ensure_future(proc.stdout.read())
     tail: list[str] = []
     shown = ""
 
@@ -131,11 +134,14 @@ async def prepare_data(app: DflashApp, paths: DemoPaths) -> bool:
         rc = await proc.wait()
     except asyncio.CancelledError:
         proc.terminate()
+        reply_read.cancel()
         raise
     finally:
         ticker.cancel()
     if rc != 0:
-        app.post_message(Note("error", f"prepare failed (exit {rc}): {' | '.join(tail[-3:])}"))
+        reply = protocol.decode_reply(await reply_read)
+        why = reply.error if isinstance(reply, Reply) and reply.error else " | ".join(tail[-3:])
+        app.post_message(Note("error", f"prepare failed (exit {rc}): {why or 'no reason given'}"))
         return False
     paths.ready_marker.write_text("ok\n", encoding="utf-8")
     app.post_message(Note("info", "demo data ready", key="prepare"))

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from dflash_tui.sources.state import EventRecord
 from dflash_tui.widgets.events_log import EventEntry, EventsLog
-from dflash_tui.widgets.gpu_table import GpuTable, render_gpus
+from dflash_tui.widgets.gpu_table import MAX_PROCESSES, GpuTable, render_gpus
 from dflash_tui.widgets.header import HeaderFacts, RunHeader
 from dflash_tui.widgets.hs_queue import HsQueuePane, render_queue
 from dflash_tui.widgets.loss_plot import LossPane
@@ -69,10 +69,17 @@ class PaneRefresh:
         readings_due = self.due("readings", READINGS_EVERY_S)
         gpus = main.query_one(GpuTable)
         signature = (seen["gpu"], theme, gpus.size)
+        source = app.gpu_source.view(now).describe()
+        if gpus.display and readings_due and self.changed("gpus-source", source):
+            gpus.border_subtitle = source
         if gpus.display and readings_due and self.changed("gpus", signature):
             self.drew("readings")
-            # Layout only when the pane's height can change: another GPU, or none at all.
-            shape = (len(state.gpus), state.gpu_unavailable is None)
+            # Layout only when the pane's height can change: another GPU or process, or none.
+            shape = (
+                len(state.gpus),
+                sum(min(len(g.get("processes") or ()), MAX_PROCESSES) for g in state.gpus),
+                state.gpu_unavailable is None,
+            )
             gpus.update(
                 render_gpus(
                     state.gpus, state.gpu_history, colours, unavailable=state.gpu_unavailable
@@ -145,6 +152,7 @@ def header_facts(app: DflashApp, now: float) -> HeaderFacts:
         total_steps=state.total_steps,
         eta_s=state.eta_s,
         age_s=state.last_line_age(now),
+        wandb_url=app.wandb_url,
     )
 
 

@@ -14,8 +14,10 @@ from textual.widgets import Footer
 
 from dflash_tui import keymap
 from dflash_tui.screens.confirm import ConfirmDialog
+from dflash_tui.screens.events_screen import EventsScreen
 from dflash_tui.screens.help import HelpScreen
 from dflash_tui.screens.launch_form import LaunchForm
+from dflash_tui.screens.log_screen import LogScreen
 from dflash_tui.screens.min_ready_prompt import MinReadyPrompt
 from dflash_tui.screens.restart_dialog import RestartDialog, RestartRequest
 from dflash_tui.widgets.events_log import EventsLog
@@ -80,6 +82,18 @@ class MainScreen(Screen[None]):
         loss = self.query_one(LossPane)
         loss.smoothing = not loss.smoothing
         self.console.request_redraw()
+
+    def action_logs(self) -> None:
+        self.app.push_screen(LogScreen())
+
+    def action_events(self) -> None:
+        self.app.push_screen(EventsScreen())
+
+    def action_reconnect(self) -> None:
+        self.console.reconnect_now()
+
+    def action_dismiss_alerts(self) -> None:
+        self.console.dismiss_alerts()
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen(read_only=self.console.read_only))

@@ -1,5 +1,6 @@
-"""Shows what a control command answered: success with its facts, or the failure reason
-with the log tail the box sent back."""
+"""What a control command answered, in words: one human line for every reply (the box's
+`message` where it sends one), and for a failure a modal with the reason, the facts worth
+knowing and the log tail the box sent back. Nothing is shown as a Python repr."""
 
 from __future__ import annotations
 
@@ -17,23 +18,47 @@ from dflash_train.protocol import Reply
 
 # Keys whose value is a block of log text rather than a fact to list.
 LOG_KEYS = ("log_tail", "error_tail", "tail")
+# Facts a person acts on, in this order; the rest of a reply is for programs.
+FACT_KEYS = (
+    "run_id", "pid", "exit_code", "state", "reason", "resumed_from", "run_dir", "seconds",
+    "current", "settings", "env_dropped",
+)  # fmt: skip
+
+
+def reply_line(reply: Reply) -> str:
+    """One line for the events pane and a toast."""
+    message = reply.data.get("message")
+    if isinstance(message, str) and message.strip():
+        return " ".join(message.split())
+    if reply.ok:
+        return f"{reply.command}: done"
+    return f"{reply.command} failed: {reply.error} [{reply.error_code}]"
+
+
+def plain(value: Any) -> str:
+    """A value as a person reads it: lists joined, mappings as `key=value`, none as '–'."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}={plain(v)}" for k, v in value.items()) or "–"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(plain(v) for v in value) or "none"
+    text = str(value)
+    return text if len(text) <= 200 else text[:200] + "…"
 
 
 def describe_reply(reply: Reply) -> tuple[str, str, str]:
     """(headline, facts, log) in plain text."""
-    if reply.ok:
-        headline = f"{reply.command}: done"
-    else:
-        headline = f"{reply.command} failed: {reply.error} [{reply.error_code}]"
-    facts = "\n".join(
-        f"{key}: {_short(value)}" for key, value in reply.data.items() if key not in LOG_KEYS
-    )
-    return headline, facts, _log_text(reply.data)
-
-
-def _short(value: Any) -> str:
-    text = str(value)
-    return text if len(text) <= 200 else text[:200] + "…"
+    headline = reply_line(reply) if reply.ok else f"{reply.command} failed: {reply.error}"
+    facts = [f"{key.replace('_', ' ')}: {plain(reply.data[key])}" for key in FACT_KEYS
+             if reply.data.get(key) not in (None, [], {}, "")]  # fmt: skip
+    if not reply.ok and reply.error_code:
+        facts.append(f"code: {reply.error_code}")
+    return headline, "\n".join(facts), _log_text(reply.data)
 
 
 def _log_text(data: Mapping[str, Any]) -> str:

@@ -16,6 +16,7 @@ import platformdirs
 import tomli_w
 
 from dflash_train.rundir import atomic_write_text
+from dflash_tui.sources.alerts import DEFAULT_CHANNELS, check_channels
 from dflash_tui.sources.session import DEFAULT_TRAINER, check_inert
 from dflash_tui.sources.transport import DEFAULT, LocalTransport, SshTransport, Transport
 
@@ -69,6 +70,10 @@ class Profile:
     watch: bool = False
     theme: str | None = None
     launch: LaunchDefaults = field(default_factory=LaunchDefaults)
+    # How alerts reach the operator: any of "bell", "toast", "osc" (desktop notification).
+    alerts: tuple[str, ...] = DEFAULT_CHANNELS
+    # A NAME=VALUE file on the box (mode 0600) for the trainer's secrets, e.g. W&B keys.
+    env_file: str | None = None
 
     def command_prefix(self) -> tuple[str, ...]:
         if self.container is not None:
@@ -119,6 +124,7 @@ _PROFILE_FIELDS: dict[str, tuple[Any, str]] = {
     "run_dir": _TEXT,
     "python": _TEXT,
     "theme": _TEXT,
+    "env_file": _TEXT,
     "port": _INT,
     "watch": (bool, "true or false"),
 }
@@ -163,6 +169,11 @@ def parse_profile(name: str, table: Any, *, where: str = "") -> Profile:
             values[key] = _parse_launch(f"{where}.launch", raw)
         elif key == "exec_prefix":
             values[key] = _text_list(f"{where}.exec_prefix", raw)
+        elif key == "alerts":
+            try:
+                values[key] = check_channels(f"{where}.alerts", _text_list(f"{where}.alerts", raw))
+            except ValueError as exc:
+                raise ProfileError(str(exc)) from None
         elif key in _PROFILE_FIELDS:
             kind, what = _PROFILE_FIELDS[key]
             values[key] = _check(f"{where}.{key}", raw, kind, what)

@@ -126,6 +126,7 @@ class Session:
         max_attempts: int | None = None,
         control_timeout: float = CONTROL_TIMEOUT_S,
         launch_wait: float = LAUNCH_WAIT_S,
+        env_file: str | None = None,
     ) -> None:
         check_inert("run_dir", run_dir)
         if not run_dir.strip():
@@ -147,6 +148,8 @@ class Session:
         self.max_attempts = max_attempts
         self.control_timeout = control_timeout
         self.launch_wait = launch_wait
+        # A file on the box the trainer's variables come from: only its path is sent.
+        self.env_file = None if env_file is None else check_inert("env_file", env_file)
         self._cursor: tuple[str | None, int] = (None, -1)
         # Set by `wake()`: waiting streams (backoff, no run dir yet) try again now.
         self._wake = asyncio.Event()
@@ -330,6 +333,8 @@ class Session:
         """Options launch and restart share: how long to wait for run_start, and the
         trainer's environment (the box passes nothing else but PATH, HOME and LANG)."""
         options = ["--wait", f"{self.launch_wait:g}"]
+        if self.env_file:
+            options += ["--env-file", self.env_file]
         for name, value in env.items():
             if not _ENV_NAME.fullmatch(name):
                 raise InputError(f"environment variable {name!r}: not a valid name")

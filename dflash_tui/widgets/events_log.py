@@ -16,7 +16,7 @@ class EventEntry:
     t: float
     level: str  # info | warning | error
     text: str
-    source: str = "run"  # run | console
+    source: str = "run"  # run | console | alert
 
 
 def clock(t: float) -> str:
@@ -35,7 +35,8 @@ def render_events(
         colour = {"warning": colours["warning"], "error": colours["error"]}.get(entry.level, "")
         line = Text(no_wrap=True, overflow="ellipsis")
         line.append(clock(entry.t) + " ", style="dim")
-        line.append("» " if entry.source == "console" else "· ", style=colours["accent"])
+        mark = {"console": "» ", "alert": "! "}.get(entry.source, "· ")
+        line.append(mark, style=colours["error"] if entry.source == "alert" else colours["accent"])
         line.append(entry.text, style=colour)
         lines.append(line)
     if log_tail:

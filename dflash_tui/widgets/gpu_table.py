@@ -13,6 +13,8 @@ from textual.widgets import Static
 from dflash_tui.widgets import units
 
 HISTORY_WIDTH = 16
+# Processes listed under a GPU's row (who holds it: why a launch met gpu_busy).
+MAX_PROCESSES = 3
 ROLE_WIDTH = 8
 # A GPU that holds a target replica and a drafter rank (DDP on a small box) in the role column.
 ROLE_LABELS = {"target+drafter": "tgt+dft"}
@@ -76,7 +78,24 @@ def render_gpus(
         )
         line.append(f"{memory:>13}", style=colours[level(_ratio(mem_used, mem_total), 0.85, 0.95)])
         lines.append(line)
+        lines.extend(_process_rows(gpu.get("processes")))
     return Text("\n").join(lines)
+
+
+def _process_rows(processes: Any) -> list[Text]:
+    if not isinstance(processes, list) or not processes:
+        return []
+    rows = []
+    for proc in processes[:MAX_PROCESSES]:
+        if not isinstance(proc, Mapping):
+            continue
+        name = str(proc.get("name") or "?")[:24]
+        mem = proc.get("gpu_mem")
+        held = f"{mem / 1024:.1f} GiB" if isinstance(mem, (int, float)) else "– GiB"
+        rows.append(Text(f"     └ pid {proc.get('pid')} {name} {held}", style="dim", no_wrap=True))
+    if len(processes) > MAX_PROCESSES:
+        rows.append(Text(f"     └ … {len(processes) - MAX_PROCESSES} more", style="dim"))
+    return rows
 
 
 def _num(value: float | None) -> str:

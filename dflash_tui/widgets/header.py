@@ -19,6 +19,12 @@ BADGE_STYLE = {
     "reconnecting": "warning",
     "disconnected": "error",
     "connecting": "secondary",
+    "failed": "error",
+    "no_run": "secondary",
+    # alert causes (sources/alerts.py) name themselves in the badge
+    "nan_steps": "error",
+    "checkpoint_failed": "error",
+    "connection_lost": "error",
 }
 STALE_AFTER_S = 30.0
 
@@ -40,6 +46,7 @@ class HeaderFacts:
     total_steps: int | None
     eta_s: float | None
     age_s: float | None
+    wandb_url: str | None = None
 
 
 class RunHeader(Static):
@@ -65,6 +72,9 @@ def render_header(facts: HeaderFacts, colours: dict[str, str], width: int) -> Te
     if facts.paused:
         top.append("  ")
         top.append(" ⏸ PAUSED ", style=f"bold reverse {colours['accent']}")
+    if facts.wandb_url:
+        top.append("  W&B ", style="bold")
+        top.append(facts.wandb_url, style=f"underline link {facts.wandb_url}")
 
     bottom = Text(no_wrap=True, overflow="ellipsis")
     # The stream counts epochs from 0; people count them from 1 ("epoch 6/6" is the last).

@@ -153,7 +153,8 @@ async def test_min_ready_is_sent_and_remembered_in_the_profile(
         (argv,) = transport.mutating()
         assert argv[len(TRAINER) :] == ["set", str(app.run_dir), "hs_min_ready", "5"]
         # No trainer holds this run dir: the box refuses, and the refusal is shown.
-        assert any(n.text.startswith("set: ") and "[not_running]" in n.text for n in app.notes)
+        refusal = "set failed: run_dir: no trainer holds"
+        assert any(n.text.startswith(refusal) for n in app.notes)  # one human line
         assert isinstance(app.screen, ReplyDialog)
         assert app.screen.reply.error_code == "not_running"
         await pilot.press("escape")

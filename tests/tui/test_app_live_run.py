@@ -53,10 +53,16 @@ async def test_launch_set_and_stop_a_real_run(tmp_path: Path, tiny_data: Path) -
             await pilot.press("l")
             await press_button(pilot, "#submit")
             await press_button(pilot, "#yes")
-            await wait_until(pilot, lambda: isinstance(app.screen, ReplyDialog), timeout=240)
-            reply = app.screen.reply
+            await wait_until(pilot, lambda: bool(app.replies), timeout=240)
+            reply = app.replies[-1]
             assert reply.ok, (reply.error, reply.data.get("log_tail"))
-            await pilot.press("escape")
+            # A success is one human line in a toast and in events; no modal over the run.
+            assert not isinstance(app.screen, ReplyDialog)
+            line = (
+                f"launched: training in {reply.data['seconds']:.1f} s, run {reply.data['run_id']}"
+            )
+            assert any(n.text.startswith(line) for n in app.notes)
+            assert any(message.startswith(line) for _, message in app.toasts)
             await wait_until(pilot, lambda: (app.state.step or 0) >= 2, timeout=120)
             await wait_until(pilot, lambda: "RUNNING" in str(header.render()))
 
@@ -70,8 +76,9 @@ async def test_launch_set_and_stop_a_real_run(tmp_path: Path, tiny_data: Path) -
 
             await pilot.press("S")
             await press_button(pilot, "#yes")
-            await wait_until(pilot, lambda: isinstance(app.screen, ReplyDialog), timeout=120)
-            assert app.screen.reply.command == "stop" and app.screen.reply.ok
+            await wait_until(pilot, lambda: app.replies[-1].command == "stop", timeout=120)
+            assert app.replies[-1].ok and not isinstance(app.screen, ReplyDialog)
+            assert any(n.text.startswith("stopped: run ") for n in app.notes)
             await wait_until(pilot, lambda: app.state.end is not None, timeout=60)
             assert app.state.end["reason"] == "signal"
             await wait_until(pilot, lambda: "FINISHED" in str(header.render()))
@@ -92,17 +99,23 @@ async def test_a_launch_into_a_new_run_dir_is_followed_at_once(
     launched run's lines appeared only up to 30 s later. Here the backoff is an hour: the
     steps can only arrive because a successful launch restarts the follow."""
     run_dir = tmp_path / "new-run"  # does not exist: `tail` fails until launch makes it
-    app, _ = console_app(run_dir, defaults={**TINY_TRAIN, "data_dir": str(tiny_data)})
+    app, transport = console_app(run_dir, defaults={**TINY_TRAIN, "data_dir": str(tiny_data)})
     app.session.backoff = Backoff(initial=3600.0, cap=3600.0, jitter=0.0)
     try:
         async with app.run_test(size=(160, 48)) as pilot:
-            await wait_until(pilot, lambda: app.connection == "reconnecting", timeout=60)
+            # No reconnect loop: the console says there is no run and waits for a launch.
+            await wait_until(pilot, lambda: app.connection == "no_run", timeout=60)
+            assert "NO RUN" in str(app.screen.query_one(RunHeader).render())
+            hint = f"no run in {run_dir} yet — press l to launch"
+            assert any(n.text == hint for n in app.notes)
+            tails = transport.subcommands().count("tail")
+            await pilot.pause(1.0)
+            assert transport.subcommands().count("tail") == tails  # nothing retried meanwhile
             await pilot.press("l")
             await press_button(pilot, "#submit")
             await press_button(pilot, "#yes")
-            await wait_until(pilot, lambda: isinstance(app.screen, ReplyDialog), timeout=240)
-            assert app.screen.reply.ok, app.screen.reply.error
-            await pilot.press("escape")
+            await wait_until(pilot, lambda: bool(app.replies), timeout=240)
+            assert app.replies[-1].ok, app.replies[-1].error
             await wait_until(pilot, lambda: (app.state.step or 0) >= 1, timeout=120)
     finally:
         subprocess.run(
