@@ -44,6 +44,8 @@ def add_option_arguments(parser: argparse.ArgumentParser) -> None:
             if spec.group != group:
                 continue
             metavar = spec.metavar or ("|".join(spec.choices) if spec.choices else None)
+            if spec.kind == "bool":
+                metavar = "true|false"
             section.add_argument(
                 spec.flag,
                 dest=name,

@@ -9,7 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("int", "float", "str", "choice", "devices")
+KINDS = ("int", "float", "bool", "str", "choice", "devices")
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
 # Words that mean "not set" for an option whose default is None (a console field or a
 # `--set max_steps=none`).
 NULL_WORDS = ("", "none", "null")
@@ -108,11 +110,23 @@ class Option:
                 raise OptionError("required" if self.required else "a value is required")
         if self.kind == "devices":
             return parse_devices(raw)
+        if self.kind == "bool":
+            return self._parse_bool(raw)
         if self.kind in ("str", "choice"):
             return self._parse_text(raw)
         value = self._parse_number(raw)
         self._check_bounds(value)
         return value
+
+    def _parse_bool(self, raw: object) -> bool:
+        if isinstance(raw, bool):
+            return raw
+        word = str(raw).strip().lower()
+        if word in TRUE_WORDS:
+            return True
+        if word in FALSE_WORDS:
+            return False
+        raise OptionError(f"expected true or false, got {_shown(raw)}")
 
     def _parse_text(self, raw: object) -> str:
         if not isinstance(raw, str):
@@ -170,8 +184,10 @@ class Option:
             return ""
         if isinstance(value, tuple):
             return ",".join(d.removeprefix("cuda:") for d in value)
+        if isinstance(value, bool):
+            return "true" if value else "false"
         if isinstance(value, float):
-            return f"{value:g}"
+            return repr(value)
         return str(value)
 
 
