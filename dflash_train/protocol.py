@@ -276,6 +276,9 @@ LIVE_SETTINGS: dict[str, IntSetting] = {
 }
 DEFAULT_SETTINGS: dict[str, int] = {"hs_queue_depth": 8, "hs_min_ready": 2}
 
+# `dflash-train gpus --follow` lines belong to no run: this run id says so to the reader.
+GPUS_RUN_ID = "gpus"
+
 
 class SettingError(ValueError):
     """A one-line, operator-facing reason naming the setting."""

@@ -9,9 +9,7 @@ import sys
 import time
 
 from dflash_train import protocol
-
-# `gpus --follow` lines belong to no run: this run id says so to the reader.
-GPUS_RUN_ID = "gpus"
+from dflash_train.protocol import GPUS_RUN_ID
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -15,7 +16,6 @@ from typing import Any
 import platformdirs
 import tomli_w
 
-from dflash_train.rundir import atomic_write_text
 from dflash_tui.sources.alerts import DEFAULT_CHANNELS, check_channels
 from dflash_tui.sources.session import DEFAULT_TRAINER, check_inert
 from dflash_tui.sources.transport import DEFAULT, LocalTransport, SshTransport, Transport
@@ -24,6 +24,23 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """The whole new file or the old one, never half: written beside it, then renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(
+        "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False
+    ) as tmp:
+        tmp.write(text)
+        tmp.flush()
+        os.fsync(tmp.fileno())
+    try:
+        os.replace(tmp.name, path)
+    except OSError:
+        Path(tmp.name).unlink(missing_ok=True)
+        raise
+
 
 CONFIG_ENV = "DFLASH_CONFIG"
 

@@ -13,8 +13,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dflash_train.commands.gpus import GPUS_RUN_ID
-from dflash_train.protocol import DEFAULT_SETTINGS, LIVE_SETTINGS, Rejected, Reply, StatusLine
+from dflash_train.protocol import (
+    DEFAULT_SETTINGS,
+    GPUS_RUN_ID,
+    LIVE_SETTINGS,
+    Rejected,
+    Reply,
+    StatusLine,
+)
 from dflash_tui.sources.run_history import RowGroup, RunHistory, SeriesView
 
 STEP_METRICS = ("loss", "acc", "tau", "ktok_s", "lr", "grad_norm")
