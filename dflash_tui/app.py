@@ -113,6 +113,7 @@ class DflashApp(App[None]):
         self.min_ready_choice: int | None = options.remembered_min_ready
         self.launch_draft: dict[str, str] = {}  # the launch form's fields as last left
         self.escapes_written: deque[str] = deque(maxlen=20)
+        self.bells = 0
         self.toasts: deque[tuple[str, str]] = deque(maxlen=50)  # (title, message)
 
     # -- wiring ----------------------------------------------------------------------
@@ -377,6 +378,7 @@ class DflashApp(App[None]):
         channels = self.options.alerts
         self.note("error", f"ALERT {alert.title}: {alert.text}", source="alert")
         if "bell" in channels:
+            self.bells += 1
             self.bell()  # tmux's monitor-bell flags the window
         if "toast" in channels:
             self.toast(alert.text, title=alert.title, severity="error", timeout=ALERT_TOAST_S)
