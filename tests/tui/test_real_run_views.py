@@ -1,7 +1,8 @@
-"""`dflash-tui serve` in a real headless Chromium (Debian's, driven by Playwright): a real CPU
-training run on a box reached over OpenSSH on loopback, the page loads, the console in it
-shows the run's live steps read-only, a screenshot is saved, and l/S/R/m pressed in the
-browser send nothing that changes the box."""
+"""The watch-only views on real runs of the real trainer (a tiny random target on the CPU),
+reached over OpenSSH on loopback through the pct shim: `dflash-tui serve` in a real
+headless Chromium (Debian's, driven by Playwright) shows the live steps read-only, saves a
+screenshot, and l/S/R/m pressed in the browser send nothing that changes the box; `replay`
+walks a run that trained, checkpointed and finished, and sends nothing but `tail`."""
 
 from __future__ import annotations
 
@@ -190,3 +191,65 @@ def serve_stderr(proc: subprocess.Popen[bytes]) -> str:
     if proc.poll() is None or proc.stderr is None:
         return "(still running)"
     return proc.stderr.read().decode(errors="replace")[-2000:]
+
+
+async def test_replay_a_finished_real_run_over_openssh(
+    tiny_data: Path, openssh_server: OpenSshServer, client_key: ClientKey, tmp_path: Path
+) -> None:
+    """A real run that trained, checkpointed and finished, replayed over SSH through the
+    pct shim: the whole stream arrives through `tail`, the cursor walks it both ways, and
+    nothing but `tail` reaches the box."""
+    from dflash_tui.app import ConsoleOptions
+    from dflash_tui.replay_app import ReplayApp
+    from tests.tui.conftest import PCT_PREFIX, transport_to
+    from tests.tui.console_harness import wait_until
+
+    run_dir = tmp_path / "run"
+    args = [
+        "--target-model", "random:tiny", "--data-dir", str(tiny_data),
+        "--target-gpus", "cpu", "--drafter-gpus", "cpu", "--pipeline", "sync",
+        "--epochs", "500", "--max-steps", "12", "--save-every", "4", "--draft-layers", "1",
+        "--max-length", "128", "--block-size", "4", "--num-anchors", "4",
+        "--tokens-per-batch", "256",
+    ]  # fmt: skip
+    reply = box.launch(run_dir, args)
+    assert reply.ok, reply
+    try:
+        box.wait_line(run_dir, lambda ln: ln.kind == "run_end", what="the run's end")
+    finally:
+        box.kill_run(run_dir)
+    on_disk = box.lines(run_dir)
+    commands_before = len(openssh_server.received())
+    known = trusted_known_hosts(
+        tmp_path / "known_hosts", openssh_server.port, server_key(openssh_server)
+    )
+    transport = transport_to(openssh_server.port, client_key, known, exec_prefix=PCT_PREFIX)
+    options = ConsoleOptions(
+        target_name=transport.description, run_dir=str(run_dir), python=sys.executable
+    )
+    app = ReplayApp(transport, options)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_until(pilot, lambda: app.timeline is not None, timeout=60)
+        timeline = app.timeline
+        assert timeline is not None and len(timeline) == len(on_disk)
+        assert app.state.end is not None and app.state.end["reason"] == "completed"
+        assert app.badge() == "finished" and app.state.step == 12
+        await pilot.press("[")  # back from the end: the last checkpoint (before run_end)
+        assert timeline.kind(timeline.position) in ("checkpoint", "event")
+        assert app.state.end is None and app.badge() == "running"
+        await pilot.press("home", "right", "right")
+        assert app.state.step == 2 and app.state.checkpoint is None
+        for _ in range(20):  # over epoch ends to the first checkpoint
+            await pilot.press("]")
+            if timeline.kind(timeline.position) == "checkpoint":
+                break
+        assert timeline.kind(timeline.position) == "checkpoint"
+        assert app.state.checkpoint is not None
+        assert app.state.checkpoint.seq == timeline.seq(timeline.position)
+        for key in ("l", "S", "R", "m"):
+            await pilot.press(key)
+            assert app.screen is app.main_screen(), key
+        await pilot.press("end")
+        assert app.state.run_state == "finished"
+    commands = openssh_server.received()[commands_before:]
+    assert commands and all(" tail " in c and "--follow" not in c for c in commands), commands
