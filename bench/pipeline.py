@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from dflash_train.data.buckets import Batch
+from dflash_train.pipeline.compile_warm_up import linear_attention_kernels
 from dflash_train.pipeline.drafter_step import DrafterStepper, StepConfig
 from dflash_train.pipeline.monitor import MonitorIntervals, MonitorThread, StepRecord
 from dflash_train.pipeline.pool import HiddenStatePool
@@ -72,6 +73,13 @@ def parse_args() -> argparse.Namespace:
         "--overhead-only", action="store_true", help="only the monitor off/on async sections"
     )
     p.add_argument("--smoke", action="store_true", help="tiny model, short sections (CPU ok)")
+    p.add_argument(
+        "--suite", choices=("pipeline", "speed"), default="pipeline",
+        help="speed: the one-GPU speed suite (bench/speed_suite.py; --device cpu runs it tiny)",
+    )  # fmt: skip
+    p.add_argument("--steps", type=int, default=6, help="speed suite: timed drafter steps")
+    p.add_argument("--target-calls", type=int, default=8, help="speed suite: timed target calls")
+    p.add_argument("--rounds", type=int, default=2, help="speed suite: monitor off/on rounds")
     p.add_argument("--out", type=Path, default=Path("bench_pipeline.json"))
     args = p.parse_args()
     if args.smoke:
@@ -99,20 +107,6 @@ def build_target(spec: str, device: torch.device) -> Target:
         spec, model, None, preset.num_layers, preset.hidden_size,
         int(embed.weight.shape[0]), embed, model.get_output_embeddings(),
     )  # fmt: skip
-
-
-def linear_attention_kernels(target: Target) -> dict[str, bool] | None:
-    """For a hybrid target, whether transformers found the fast Gated-DeltaNet kernels: without
-    them it runs a much slower reference implementation, and the target rate says so."""
-    if "linear_attention" not in getattr(target.model.config, "layer_types", []):
-        return None
-    from transformers.utils import import_utils
-
-    checks = {
-        "fla": "is_flash_linear_attention_available",
-        "causal_conv1d": "is_causal_conv1d_available",
-    }
-    return {name: bool(getattr(import_utils, fn, lambda: False)()) for name, fn in checks.items()}
 
 
 def _dtype(device: torch.device) -> torch.dtype:
@@ -228,6 +222,10 @@ def drafter_flops_per_token(
 
 def main() -> int:
     args = parse_args()
+    if args.suite == "speed":
+        from speed_suite import run_suite
+
+        return run_suite(args)
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
         log("no CUDA device; use --device cpu")

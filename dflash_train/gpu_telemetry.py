@@ -91,7 +91,9 @@ def _processes(pynvml: Any, handle: Any) -> list[dict[str, Any]]:
     return result
 
 
-def _reading(pynvml: Any, index: int, handle: Any, role: str) -> dict[str, Any]:
+def _reading(
+    pynvml: Any, index: int, handle: Any, role: str, processes: bool = True
+) -> dict[str, Any]:
     util = _optional(pynvml, lambda: pynvml.nvmlDeviceGetUtilizationRates(handle))
     memory = _optional(pynvml, lambda: pynvml.nvmlDeviceGetMemoryInfo(handle))
     power_mw = _optional(pynvml, lambda: pynvml.nvmlDeviceGetPowerUsage(handle))
@@ -108,20 +110,23 @@ def _reading(pynvml: Any, index: int, handle: Any, role: str) -> dict[str, Any]:
         "power_w": round(power_mw / 1000.0, 1) if power_mw is not None else None,
         "power_limit_w": _SESSION.limits.get(index),
         "temp_c": float(temp) if temp is not None else None,
-        "processes": _processes(pynvml, handle),
+        "processes": _processes(pynvml, handle) if processes else [],
     }
 
 
-def sample_gpus(roles: Mapping[int, str] | None = None) -> dict[str, Any]:
+def sample_gpus(
+    roles: Mapping[int, str] | None = None, *, processes: bool = True
+) -> dict[str, Any]:
     """`{"available", "reason", "gpus": [...]}`; `roles` maps a GPU index to its job in the
-    run ("target", "drafter"), other GPUs get an empty role."""
+    run ("target", "drafter"), other GPUs get an empty role. `processes=False` skips the
+    per-GPU process list (the slowest NVML query; the trainer's monitor never shows it)."""
     roles = roles or {}
     with _SESSION.lock:
         if not _SESSION.start():
             return {"available": False, "reason": _SESSION.error, "gpus": []}
         pynvml = _SESSION.module
         gpus = [
-            _reading(pynvml, index, handle, roles.get(index, ""))
+            _reading(pynvml, index, handle, roles.get(index, ""), processes)
             for index, handle in sorted(_SESSION.handles.items())
         ]
     return {"available": True, "reason": None, "gpus": gpus}

@@ -71,6 +71,13 @@ def drafter_shapes(
     return shapes
 
 
+def _fall_back_to_sdpa(stepper: DrafterStepper) -> None:
+    from dflash_train.drafter import _unwrap
+
+    _unwrap(stepper.model).attention_backend = "sdpa"
+    stepper.optimizer.zero_grad(set_to_none=True)
+
+
 def compile_before_workers(
     *,
     targets: Sequence[Target],
@@ -107,7 +114,19 @@ def compile_before_workers(
         import torch
 
         dtype = targets[0].embed_tokens.weight.dtype if targets else torch.bfloat16
-        report["drafter_s"] = round(stepper.warm_up(list(shapes), dtype), 2)
+        try:
+            report["drafter_s"] = round(stepper.warm_up(list(shapes), dtype), 2)
+        except torch.cuda.OutOfMemoryError:
+            raise  # the real steps would not fit either: say so now, as the run would
+        except Exception as exc:  # e.g. no Triton config for this head size
+            _fall_back_to_sdpa(stepper)
+            print(f"flex attention compile failed, using SDPA: {exc!r}", file=sys.stderr)
+            emit(
+                "event", level="warning", code="compile_failed",
+                message=f"drafter flex attention failed to compile ({type(exc).__name__}); "
+                "using SDPA with a dense mask",
+            )  # fmt: skip
+            shapes = []
 
         def on_new_shape(spent: float, key: tuple[Any, ...]) -> None:
             if spent >= 0.5:  # a cache hit is no compile
@@ -118,7 +137,8 @@ def compile_before_workers(
                     seconds=round(spent, 2), part="drafter_attention", shape=list(key[0]),
                 )  # fmt: skip
 
-        _FlexState.on_compile = on_new_shape
+        if shapes:
+            _FlexState.on_compile = on_new_shape
     if report["target_s"] is not None or report["drafter_s"] is not None:
         parts = []
         if report["target_s"] is not None:

@@ -315,7 +315,7 @@ class MonitorThread(threading.Thread):
     def _write_gpu(self) -> None:
         from dflash_train.gpu_telemetry import sample_gpus
 
-        sample = sample_gpus(self.gpu_roles)
+        sample = sample_gpus(self.gpu_roles, processes=False)
         gpus = [
             {k: v for k, v in gpu.items() if k != "processes"} for gpu in sample.get("gpus", [])
         ]
