@@ -56,7 +56,9 @@ class LogScreen(LineViewer):
     def flush(self) -> None:
         if not self.is_attached:
             return
-        lines, self._pending = self._pending, []
+        # In place: the follow holds `self._pending.append`.
+        lines = self._pending[:]
+        self._pending.clear()
         if self._fresh:
             self._fresh = False
             self.reset(lines)

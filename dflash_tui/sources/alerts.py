@@ -22,8 +22,8 @@ CAUSES: dict[str, tuple[str, str]] = {
     "crash": ("run crashed", "crashed"),
     "checkpoint_failed": ("checkpoint failed", "checkpoint_failed"),
     "nonfinite": ("non-finite step", "nan_steps"),
-    "stall": ("run stalled", "stalled"),
     "connection_lost": ("connection lost", "connection_lost"),
+    "stall": ("run stalled", "stalled"),
 }
 # Causes that belong to one run: a new run id forgets them.
 RUN_CAUSES = frozenset({"crash", "checkpoint_failed", "nonfinite"})
@@ -101,12 +101,13 @@ class AlertTracker:
         """Conditions that last: call on every redraw tick."""
         now = self.clock() if now is None else now
         out: list[Alert] = []
-        if run_state == "stalled":
+        if run_state == "stalled" and connection == "connected":
             alert = self._raise("stall", "no line from the trainer for over a minute")
             if alert is not None:
                 out.append(alert)
-        else:
+        elif connection == "connected":
             self._clear("stall")
+        # Disconnected, silence says nothing about the trainer: the lost connection alerts.
         if connection == "connected":
             self._was_connected = True
             self._lost_since = None

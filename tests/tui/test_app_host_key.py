@@ -94,3 +94,24 @@ async def test_one_prompt_when_stream_and_gpu_follow_both_meet_the_unknown_key(
         assert prompts == []
     lines = [ln for ln in known.read_text().splitlines() if ln.strip()]
     assert len(lines) == 1, lines
+
+
+async def test_r_after_refusing_asks_again_and_trust_then_follows(
+    inproc_server: InProcessServer, client_key: ClientKey, tmp_path: Path
+) -> None:
+    """A key refused by mistake: `r` offers the prompt again, without quitting."""
+    known = tmp_path / "known_hosts"
+    app = ssh_console(inproc_server, client_key, known, make_run_dir(tmp_path))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_until(pilot, lambda: getattr(app.focused, "id", None) == "refuse")
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not isinstance(app.screen, HostKeyPrompt))
+        assert not known.exists()
+        await pilot.press("r")
+        await wait_until(pilot, lambda: getattr(app.focused, "id", None) == "refuse")
+        assert isinstance(app.screen, HostKeyPrompt)
+        assert app.screen.fingerprint == fingerprint(inproc_server.host_key)
+        app.screen.query_one("#trust").focus()
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.state.step == 299)
+    assert host_is_listed(known, LOOPBACK, inproc_server.port)
