@@ -1,5 +1,6 @@
 """The events pane: control acks, checkpoints, warnings, console notes (replies, demo
-progress), the count of rejected stream lines, and the train.log tail when a run crashes."""
+progress), the count of rejected stream lines (those the box did not send for their size
+apart), and the train.log tail when a run crashes."""
 
 from __future__ import annotations
 
@@ -44,11 +45,13 @@ def render_events(
         lines.extend(Text(row, no_wrap=True, overflow="ellipsis") for row in log_tail)
     if not lines:
         return Text("no events yet", style="dim")
-    return Text("\n").join(lines[-max(rows, 1) :])
+    return Text("\n", no_wrap=True, overflow="ellipsis").join(lines[-max(rows, 1) :])
 
 
 class EventsLog(Static):
     BORDER_TITLE = "5 events"
+    # One screen row per entry: a wrapped entry would push the newest out of the pane.
+    DEFAULT_CSS = "EventsLog { text-wrap: nowrap; text-overflow: ellipsis; }"
 
     def show(
         self,
@@ -56,8 +59,11 @@ class EventsLog(Static):
         log_tail: Sequence[str],
         colours: Mapping[str, str],
         rejected: int,
+        oversized: int = 0,
     ) -> None:
-        self.border_subtitle = f"rejected lines: {rejected}" if rejected else ""
+        # Lines the box's tail did not send for their size are counted apart from the rest.
+        split = f" ({rejected - oversized} malformed, {oversized} oversized)" if oversized else ""
+        self.border_subtitle = f"rejected lines: {rejected}{split}" if rejected else ""
         # A fixed-height pane: its size never depends on the text.
         rows = self.content_size.height
         self.update(render_events(entries, log_tail, colours, rows=rows), layout=False)
