@@ -204,10 +204,14 @@ def time_drafter(rig: DrafterRig, backend: str, steps: int) -> dict[str, Any]:
     compile_s = rig.stepper.warm_up([(rig.rows, rig.seq)], _dtype(device))
     rig.step()  # the optimizer's first step allocates its moments
     _sync(device)
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
     start = time.perf_counter()
     for _ in range(steps):
         rig.step()
     _sync(device)
+    recompiled = counters["stats"]["unique_graphs"] - graphs
     seconds = (time.perf_counter() - start) / steps
     flops = rig.useful_flops()
     return {
@@ -219,6 +223,7 @@ def time_drafter(rig: DrafterRig, backend: str, steps: int) -> dict[str, Any]:
         "mfu": round(flops / seconds / PEAK, 4),
         "useful_tflop_per_step": round(flops / 1e12, 2),
         "compile_s": round(compile_s, 2),
+        "graphs_compiled_while_timed": recompiled,
         "params_m": round(sum(p.numel() for p in rig.drafter.parameters()) / 1e6, 1),
     }
 
