@@ -32,9 +32,12 @@ def last_record(path: Path, *, max_tail_bytes: int = 1 << 20) -> protocol.Status
 
 class StatusWriter:
     """Writes lines for run `run_id`. When the stream already holds lines of the same run
-    (a resumed run), seq continues after the last one so readers' cursors stay valid."""
+    (a resumed run), seq continues after the last one so readers' cursors stay valid.
+    With `summary_points`, it also keeps the stream's history summary current beside it
+    (control/history_cache.SummaryKeeper), so a console's first attach is as quick as
+    any later one."""
 
-    def __init__(self, path: Path, run_id: str) -> None:
+    def __init__(self, path: Path, run_id: str, *, summary_points: int | None = None) -> None:
         self.path = path
         self.run_id = run_id
         self._lock = threading.Lock()
@@ -47,6 +50,11 @@ class StatusWriter:
             path.rename(path.with_name(f"status.{last.run}.jsonl"))
         self._fh = path.open("ab", buffering=0)
         self.last_write = 0.0
+        self._keeper = None
+        if summary_points is not None:
+            from dflash_train.control.history_cache import SummaryKeeper
+
+            self._keeper = SummaryKeeper(path, summary_points)
 
     @property
     def next_seq(self) -> int:
@@ -56,11 +64,16 @@ class StatusWriter:
         with self._lock:
             line = protocol.encode_line(kind, seq=self._seq, run=self.run_id, **fields)
             # One write() of the whole line: O_APPEND makes it land whole.
-            self._fh.write(line.encode("utf-8"))
+            data = line.encode("utf-8")
+            self._fh.write(data)
             self.last_write = time.monotonic()
+            if self._keeper is not None:
+                self._keeper.add(data)
             self._seq += 1
             return self._seq - 1
 
     def close(self) -> None:
         with self._lock:
             self._fh.close()
+            if self._keeper is not None:
+                self._keeper.close()

@@ -14,6 +14,7 @@ import traceback
 import uuid
 from typing import Any
 
+from dflash_train.control.history_cache import KEPT_POINTS
 from dflash_train.pipeline.distributed import (
     RankInfo,
     RankPrefixedStream,
@@ -87,7 +88,11 @@ def train(args: argparse.Namespace) -> int:
     if rank.rank > 0:
         sys.stderr = RankPrefixedStream(sys.stderr, rank.rank)  # type: ignore[assignment]
     run_id = _resolve_run_id(args)
-    writer = StatusWriter(run_dir.status, run_id) if rank.is_main else None
+    # The writer keeps the history summary current beside the stream: a console's first
+    # attach to a days-old run reads only the stream's tail.
+    writer = (
+        StatusWriter(run_dir.status, run_id, summary_points=KEPT_POINTS) if rank.is_main else None
+    )
     try:
         return _run_and_report(args, run_dir, run_id, writer, rank, stop)
     finally:

@@ -30,17 +30,17 @@ _NUMBER = rb"(null|-?[0-9][-+.eE0-9]*)"
 # lr follows its schedule: the bucket's first and last values are enough.
 _STEP_VALUES = ("loss", "acc", "tau", "grad_norm", "ktok_s")
 _QUEUE_VALUES = ("hs_ready", "producer_wait", "consumer_wait", "starved")
-# Per GPU, the console plots utilisation and memory; power and temperature show the
-# bucket's first and last readings.
-_GPU_VALUES = ("util", "mem_used")
+# Per GPU, the console plots utilisation, power and memory; temperature shows the bucket's
+# first and last readings. (In the order a gpu line lists them.)
+_GPU_VALUES = ("util", "mem_used", "power_w")
 _GPU_INDEX = re.compile(rb'"index":([0-9]+)')
 # How many whole lines of each kind the summary keeps (the newest ones).
 WHOLE_CAPS: dict[str, int] = {
     "run_start": 50,
     "run_end": 50,
-    "checkpoint": 100,
+    # A six-day run saving every 500 steps writes about 400.
+    "checkpoint": 1000,
     "event": 500,
-    "profile": 1,
 }
 
 
@@ -129,6 +129,18 @@ def _gpu_readings(obj: dict[str, Any]) -> dict[Key, Any]:
     return found
 
 
+def _profile_columns(lines: list[bytes]) -> Columns:
+    """Per-stage times of `profile` lines (one every 30 s: decoding each is cheap)."""
+    return _decoded_columns(lines, _stage_readings)
+
+
+def _stage_readings(obj: dict[str, Any]) -> dict[Key, Any]:
+    stages = obj.get("stages_ms")
+    if not isinstance(stages, dict):
+        return {}
+    return {("stages_ms", name): value for name, value in stages.items()}
+
+
 def _decoded_columns(
     lines: list[bytes], readings: Callable[[dict[str, Any]], dict[Key, Any]]
 ) -> Columns:
@@ -203,6 +215,10 @@ def _set_value(obj: dict[str, Any], key: Key, value: float) -> None:
     if len(key) == 1:
         holders = [obj]
         name = key[0]
+    elif len(key) == 2:  # ("stages_ms", stage)
+        holder = obj.get(key[0])
+        holders = [holder] if isinstance(holder, dict) else []
+        name = key[1]
     else:
         field_name, index, name = key
         holders = [g for g in obj.get(field_name) or [] if isinstance(g, dict)]
@@ -321,6 +337,7 @@ class HistorySummary:
             "step": SeriesDecimator(points, _Scanner(_STEP_VALUES).columns),
             "queue": SeriesDecimator(points, _Scanner(_QUEUE_VALUES).columns),
             "gpu": SeriesDecimator(points, _GpuScanner().columns),
+            "profile": SeriesDecimator(points, _profile_columns),
         }
         self.whole: dict[str, deque[tuple[int, bytes]]] = {
             kind: deque(maxlen=cap) for kind, cap in WHOLE_CAPS.items()

@@ -8,9 +8,12 @@ offset unchanged), and any problem reading or writing it means "summarise from s
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -18,7 +21,7 @@ from typing import BinaryIO
 from dflash_train.control.history import HistorySummary
 from dflash_train.rundir import atomic_write_text
 
-VERSION = 1
+VERSION = 2  # 2: per-GPU power extremes, 1,000 checkpoint lines kept
 # Saved again only when at least this much more of the stream was summarised: an attach to
 # an idle run writes nothing.
 SAVE_AFTER_BYTES = 256 * 1024
@@ -82,3 +85,96 @@ def save(stream: Path, summary: HistorySummary, offset: int, inode: int) -> bool
     except OSError:
         return False
     return True
+
+
+# What the console asks for (Session's history_points): the summary the writer keeps.
+KEPT_POINTS = 400
+# The writer summarises its lines in blocks of this size, and saves at most this often
+# (a save serialises about 1 MB): a first attach reads at most that much stream itself.
+KEEPER_BLOCK_BYTES = 64 * 1024
+KEEPER_SAVE_EVERY_S = 30.0
+
+
+class SummaryKeeper:
+    """Keeps `stream`'s saved summary current as its one writer appends `add(line)`: lines
+    are summarised a block at a time and the summary saved when SAVE_AFTER_BYTES more are
+    covered and KEEPER_SAVE_EVERY_S passed (and at `close`). Starts from the saved summary
+    when it fits the stream, else from one pass over what the stream holds (a resumed run).
+    Any failure turns it off: the stream matters, the summary is a convenience."""
+
+    def __init__(
+        self,
+        stream: Path,
+        points: int = KEPT_POINTS,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stream = stream
+        self.points = points
+        self.clock = clock
+        self.enabled = True
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self.summary, self.offset, self.inode = self._catch_up()
+        self._saved_offset = self.offset
+        self._saved_at = clock()
+
+    def _catch_up(self) -> tuple[HistorySummary, int, int | None]:
+        try:
+            with self.stream.open("rb") as fh:
+                inode = os.fstat(fh.fileno()).st_ino
+                saved = load(self.stream, self.points)
+                summary, offset = (
+                    (saved.summary, saved.offset) if saved else (HistorySummary(self.points), 0)
+                )
+                fh.seek(offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return HistorySummary(self.points), 0, None
+        end = data.rfind(b"\n") + 1  # a torn last line is the writer's to finish
+        if end:
+            summary.add_block(data[: end - 1], summary.last_seq)
+        return summary, offset + end, inode
+
+    def add(self, line: bytes) -> None:
+        """One line just appended (with its newline)."""
+        if not self.enabled:
+            return
+        self._pending.append(line.rstrip(b"\n"))
+        self._pending_bytes += len(line)
+        if self._pending_bytes >= KEEPER_BLOCK_BYTES:
+            self._summarise()
+            if (
+                self.offset - self._saved_offset >= SAVE_AFTER_BYTES
+                and self.clock() - self._saved_at >= KEEPER_SAVE_EVERY_S
+            ):
+                self.save()
+
+    def _summarise(self) -> None:
+        if not self._pending:
+            return
+        try:
+            self.summary.add_block(b"\n".join(self._pending), self.summary.last_seq)
+        except Exception:  # a bug here must never cost the run its stream
+            self.enabled = False
+        self.offset += self._pending_bytes
+        self._pending, self._pending_bytes = [], 0
+
+    def save(self) -> bool:
+        if not self.enabled:
+            return False
+        self._summarise()
+        if self.inode is None:
+            with contextlib.suppress(OSError):
+                self.inode = os.stat(self.stream).st_ino
+        if self.inode is None or self.offset <= 0:
+            return False
+        self._saved_at = self.clock()
+        if save(self.stream, self.summary, self.offset, self.inode):
+            self._saved_offset = self.offset
+            return True
+        return False
+
+    def close(self) -> None:
+        if self.offset + self._pending_bytes > self._saved_offset:
+            self.save()

@@ -13,8 +13,10 @@ from pathlib import Path
 from control_harness import dflash_argv, write_stream
 from test_control_history import _long_run
 
+from dflash_train.control import history_cache
 from dflash_train.control.history_cache import SAVE_AFTER_BYTES, cache_path
 from dflash_train.rundir import RunDir
+from dflash_train.status_writer import StatusWriter
 
 POINTS = "40"
 
@@ -111,3 +113,37 @@ def test_an_unusable_save_changes_nothing(tmp_path: Path) -> None:
     assert saved.read_text() != "{not json"  # replaced by a good one
     saved.write_text('{"v": 1, "points": 40, "inode": 1, "offset": "x"}')
     assert _history(tmp_path) == expected
+
+
+def test_the_writer_keeps_the_summary_current_so_a_first_attach_reads_only_the_tail(
+    tmp_path: Path,
+) -> None:
+    status = RunDir.at(tmp_path).status
+    lines = _long_run(3000)
+    writer = StatusWriter(status, "run-k", summary_points=int(POINTS))
+    for i, (kind, fields) in enumerate(lines):
+        writer.write(kind, **{"t": 1000.0 + i * 0.001, **fields})
+    writer.close()
+    # Never attached, yet the summary beside the stream covers all of it.
+    saved = history_cache.load(status, int(POINTS))
+    assert saved is not None and saved.offset == status.stat().st_size
+    first = _history(tmp_path)
+
+    # Proof that this first attach did not read the stream the writer summarised: forge a
+    # loss early on (same length, same inode) and the attach still reports the true one.
+    raw = status.read_bytes()
+    at = raw.index(b'"loss":', 2000)
+    end = raw.index(b",", at)
+    status.write_bytes(raw[:at] + b'"loss":' + b"7" * (end - at - len(b'"loss":')) + raw[end:])
+    assert _history(tmp_path) == first
+    status.write_bytes(raw)
+    assert first == _from_scratch(tmp_path)  # and it is byte for byte a full pass
+
+    # A resumed run (same run id) picks the saved summary up and goes on from it.
+    writer = StatusWriter(status, "run-k", summary_points=int(POINTS))
+    more = _long_run(3400)[6001:]
+    for i, (kind, fields) in enumerate(more):
+        writer.write(kind, **{"t": 2000.0 + i * 0.001, **fields})
+    writer.close()
+    assert history_cache.load(status, int(POINTS)).offset == status.stat().st_size  # type: ignore[union-attr]
+    assert _history(tmp_path) == _from_scratch(tmp_path)
