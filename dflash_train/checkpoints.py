@@ -37,6 +37,9 @@ class TrainState:
     run_id: str
     settings: dict[str, int] = field(default_factory=dict)
     control_rev: int | None = None
+    # The target model it was trained against (checkpoint_layout.target_identity), so a
+    # resume against another target is refused before anything loads.
+    target: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -75,15 +78,33 @@ def is_complete(path: Path) -> bool:
         return False
 
 
+def is_step_dir(path: Path) -> bool:
+    return _STEP_DIR.match(path.name) is not None
+
+
+def write_order(path: Path) -> tuple[float, int]:
+    """When a checkpoint was completed (its marker's time), then its step. "Newest" means
+    last written, not highest step: a run resumed from an earlier checkpoint of its own
+    writes lower steps than the abandoned ones, and those new ones are the run's state."""
+    match = _STEP_DIR.match(path.name)
+    step = int(match.group(1)) if match else -1
+    try:
+        written = float(json.loads((path / COMPLETE_MARKER).read_text("utf-8"))["written_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        written = 0.0
+    return written, step
+
+
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints under `root`, oldest first. Temp and partial dirs are ignored."""
+    """Complete checkpoints directly in `root` (one run's folder), oldest written first.
+    Temp and partial dirs are ignored."""
     found: list[tuple[int, Path]] = []
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         for child in root.iterdir():
             match = _STEP_DIR.match(child.name)
             if match and child.is_dir() and is_complete(child):
                 found.append((int(match.group(1)), child))
-    return sorted(found)
+    return sorted(found, key=lambda item: write_order(item[1]))
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -162,7 +183,8 @@ def save_checkpoint(
     rng: dict[str, Any],
     keep: int,
 ) -> Path:
-    """Write checkpoint `state.step` and prune to the newest `keep`. Returns its path."""
+    """Write checkpoint `state.step` into `root` (the run's own folder) and prune that
+    folder to the newest `keep`. Returns its path."""
     import torch
 
     from dflash_train.drafter import save_drafter
@@ -195,14 +217,18 @@ def save_checkpoint(
         shutil.rmtree(final)
     os.rename(tmp, final)
     _fsync_dir(root)
-    prune_checkpoints(root, keep)
+    prune_checkpoints(root, keep, run_id=state.run_id)
     return final
 
 
-def prune_checkpoints(root: Path, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` complete checkpoints, and stale temp dirs."""
+def prune_checkpoints(root: Path, keep: int, *, run_id: str | None = None) -> list[Path]:
+    """Delete all but the newest `keep` (at least 1: the one just written) complete
+    checkpoints in `root`, one run's folder, and stale temp dirs. With `run_id`, a
+    checkpoint recording another run is never deleted, whatever folder it sits in."""
     removed: list[Path] = []
     found = list_checkpoints(root)
+    if run_id is not None:
+        found = [(s, p) for s, p in found if recorded_run(p) in (run_id, None)]
     for _, path in found[: max(0, len(found) - max(1, keep))]:
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
@@ -210,6 +236,15 @@ def prune_checkpoints(root: Path, keep: int) -> list[Path]:
         shutil.rmtree(stale, ignore_errors=True)
         removed.append(stale)
     return removed
+
+
+def recorded_run(path: Path) -> str | None:
+    """The run id a checkpoint's trainer_state.json names."""
+    try:
+        run = json.loads((path / STATE_FILE).read_text(encoding="utf-8")).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return run if isinstance(run, str) else None
 
 
 @dataclass(frozen=True)

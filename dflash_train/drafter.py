@@ -8,13 +8,16 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from dflash_train.attention_layout import AttentionLayout, attend, build_layout
+
+if TYPE_CHECKING:
+    from dflash_train.mask_token import MaskChoice
 
 CONFIG_FILE = "drafter_config.json"
 WEIGHTS_FILE = "drafter.safetensors"
@@ -34,9 +37,9 @@ class DFlashConfig:
     block_size: int
     target_layer_ids: tuple[int, ...]
     num_target_layers: int
-    # "token": block slots 1.. hold the embedding of mask_token_id (an unused row of the
-    # target's table); "learned": they hold the drafter's own `mask_embedding` vector, for
-    # targets such as SmolLM2 whose every row is a real token.
+    # "token": block slots 1.. hold the target's embedding of mask_token_id (mask_token.py
+    # says which id); "learned": the drafter's own `mask_embedding` vector, only on request
+    # (--mask-token learned): no inference engine loads it.
     mask_token_id: int | None
     mask_mode: str
     max_position: int
@@ -72,25 +75,19 @@ class DFlashConfig:
         return cls(**values)
 
 
-def choose_mask(tokenizer: Any, embedding_rows: int) -> tuple[str, int | None]:
-    """DFLASH.md's rule: the tokenizer's mask token, else the first unused embedding row,
-    else (every row is a token) a learned vector."""
-    if getattr(tokenizer, "mask_token_id", None) is not None:
-        return "token", int(tokenizer.mask_token_id)
-    if embedding_rows > len(tokenizer):
-        return "token", len(tokenizer)
-    return "learned", None
-
-
 def drafter_config_for_target(
     target: Any,
     *,
     num_layers: int,
     block_size: int = 16,
     num_context_layers: int | None = None,
+    mask: MaskChoice | None = None,
 ) -> DFlashConfig:
     """A drafter shaped like the target's attention (hidden size, heads, head_dim, MLP), fed
-    by `num_context_layers` target layers (the reference uses as many as draft layers)."""
+    by `num_context_layers` target layers (the reference uses as many as draft layers).
+    `mask`: the trainer's choice (mask_token.py, checked against the data); without one,
+    the same rule unchecked against any data."""
+    from dflash_train.mask_token import choose_mask
     from dflash_train.targets import target_layer_ids
 
     cfg = target.model.config
@@ -98,7 +95,7 @@ def drafter_config_for_target(
     heads = int(cfg.num_attention_heads)
     head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
     rope = getattr(cfg, "rope_parameters", None) or {}
-    mode, mask_id = choose_mask(target.tokenizer, target.vocab_size)
+    mask = mask or choose_mask(target.tokenizer, target.vocab_size, None)
     return DFlashConfig(
         hidden_size=int(cfg.hidden_size),
         num_layers=num_layers,
@@ -113,8 +110,8 @@ def drafter_config_for_target(
             target_layer_ids(target.num_layers, num_context_layers or num_layers)
         ),
         num_target_layers=target.num_layers,
-        mask_token_id=mask_id,
-        mask_mode=mode,
+        mask_token_id=mask.token_id,
+        mask_mode=mask.mode,
         max_position=int(getattr(cfg, "max_position_embeddings", 32768)),
         vocab_size=target.vocab_size,
     )

@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 import tempfile
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +22,11 @@ EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32"
 
 
 def resolve_export_source(path: str | os.PathLike[str]) -> Path:
-    """A checkpoint dir (holds drafter_config.json) is itself; a run dir means its newest
-    complete checkpoint. Raises ValueError with a one-line reason."""
-    from dflash_train.checkpoints import latest_checkpoint
-    from dflash_train.rundir import RunDir
+    """A checkpoint dir (holds drafter_config.json) is itself; a run dir means the newest
+    complete checkpoint of its run (run.json's run id; without one, the run that wrote
+    last). Raises ValueError with a one-line reason."""
+    from dflash_train.checkpoint_layout import newest_of_run, runs_with_checkpoints
+    from dflash_train.rundir import RunDir, read_json
 
     source = Path(path).expanduser().absolute()
     if not source.is_dir():
@@ -32,11 +35,27 @@ def resolve_export_source(path: str | os.PathLike[str]) -> Path:
         return source
     run = RunDir.at(source)
     if run.checkpoints.is_dir():
-        newest = latest_checkpoint(run.checkpoints)
+        record = read_json(run.run_json)
+        current = record.get("run_id") if isinstance(record, dict) else None
+        runs = runs_with_checkpoints(run.checkpoints)
+        run_id = current if isinstance(current, str) and current in runs else None
+        run_id = run_id or (runs[-1] if runs else None)
+        newest = newest_of_run(run.checkpoints, run_id) if run_id else None
         if newest is None:
             raise ValueError(f"source: no complete checkpoint under {run.checkpoints}")
         return newest
     raise ValueError(f"source: {source} is neither a run directory nor a drafter checkpoint")
+
+
+def servable(config: DFlashConfig) -> str | None:
+    """None when inference engines can serve the export; else the one-line reason."""
+    token = config.mask_token_id
+    if config.mask_mode == "token" and isinstance(token, int) and 0 <= token < config.vocab_size:
+        return None
+    return (
+        "not servable: its mask is a learned vector (--mask-token learned), while the z-lab, "
+        "vLLM and SGLang DFlash loaders take an integer mask_token_id of the target's table"
+    )
 
 
 def export_config(config: DFlashConfig, dtype: str) -> dict[str, Any]:
@@ -113,8 +132,14 @@ def _replace_dir(tmp: Path, out: Path) -> None:
 
 
 def export_drafter(
-    drafter: DFlashDrafter, out: str | os.PathLike[str], dtype: str = "bfloat16"
+    drafter: DFlashDrafter,
+    out: str | os.PathLike[str],
+    dtype: str = "bfloat16",
+    *,
+    files: Mapping[str, str] | None = None,
 ) -> Path:
+    """Write the export into a temp dir beside `out` (with `files`, name -> text, e.g. the
+    run record), then put it in place whole."""
     from safetensors.torch import save_file
 
     if dtype not in EXPORT_DTYPES:
@@ -131,6 +156,8 @@ def export_drafter(
         save_file(tensors, str(tmp / EXPORT_WEIGHTS), metadata={"format": "pt"})
         text = json.dumps(export_config(drafter.config, dtype), indent=2) + "\n"
         (tmp / EXPORT_CONFIG).write_text(text, encoding="utf-8")
+        for name, content in (files or {}).items():
+            (tmp / name).write_text(content + "\n", encoding="utf-8")
         tmp.chmod(0o755)
         _replace_dir(tmp, dest)
     except BaseException:
@@ -142,9 +169,26 @@ def export_drafter(
 def export_checkpoint(
     source: str | os.PathLike[str], out: str | os.PathLike[str], dtype: str = "bfloat16"
 ) -> Path:
-    """Export a checkpoint dir, or a run dir's newest complete checkpoint."""
+    """Export a checkpoint dir, or a run dir's newest complete checkpoint. An export that
+    lands in a run dir's `export/` records the run it came from (checkpoint_layout.py)."""
+    from dflash_train.checkpoint_layout import EXPORT_INFO, export_owner, set_aside_export
+    from dflash_train.checkpoints import recorded_run
+
     checkpoint = resolve_export_source(source)
-    return export_drafter(load_drafter(checkpoint, "cpu"), out, dtype)
+    dest = Path(out).expanduser().absolute()
+    run_id = recorded_run(checkpoint)
+    in_run_dir = dest.name == "export" and (dest.parent / "checkpoints").is_dir()
+    if in_run_dir and run_id is not None and export_owner(dest) not in (None, run_id):
+        # Another run's export: kept, in that run's checkpoint folder, never overwritten.
+        set_aside_export(dest.parent, run_id)
+    drafter = load_drafter(checkpoint, "cpu")
+    info = {
+        "run_id": run_id,
+        "checkpoint": str(checkpoint),
+        "servable": servable(drafter.config) is None,
+        "exported_at": time.time(),
+    }
+    return export_drafter(drafter, dest, dtype, files={EXPORT_INFO: json.dumps(info, indent=2)})
 
 
 def load_exported(

@@ -221,6 +221,8 @@ def decode_line(raw: str | bytes) -> StatusLine | Rejected:
         return Rejected("malformed_json", f"malformed JSON: {exc}")
     if not isinstance(obj, dict):
         return Rejected("not_object", f"expected a JSON object, got {type(obj).__name__}")
+    if obj.get("skipped") == SKIPPED_OVERSIZED and "kind" not in obj:
+        return _skipped_reason(obj)
     for name, types in ENVELOPE.items():
         if name not in obj:
             return Rejected("missing_field", f"missing envelope field {name!r}")
@@ -242,6 +244,32 @@ def decode_line(raw: str | bytes) -> StatusLine | Rejected:
     if problem is not None:
         return problem
     return StatusLine(obj["v"], obj["seq"], float(obj["t"]), obj["run"], kind, fields)
+
+
+# `dflash-train tail` never sends a line over MAX_LINE_BYTES: it sends this notice in its
+# place, which every reader counts as a rejected line of reason `oversized`.
+SKIPPED_OVERSIZED = "oversized"
+
+
+def skipped_notice(size: int, seq: int | None = None, kind: str | None = None) -> bytes:
+    """The line `tail` sends instead of a line of `size` bytes (its seq and kind if known)."""
+    record: dict[str, Any] = {"v": SCHEMA_VERSION, "skipped": SKIPPED_OVERSIZED, "bytes": size}
+    if seq is not None:
+        record["of_seq"] = seq
+    if kind is not None:
+        record["of_kind"] = kind
+    return json.dumps(record, separators=(",", ":")).encode()
+
+
+def _skipped_reason(obj: Mapping[str, Any]) -> Rejected:
+    size, seq, kind = obj.get("bytes"), obj.get("of_seq"), obj.get("of_kind")
+    what = f"line {seq}" if type(seq) is int else "a line"
+    if isinstance(kind, str):
+        what += f" ({kind[:40]})"
+    shown = f" of {size} bytes" if type(size) is int else ""
+    return Rejected(
+        SKIPPED_OVERSIZED, f"{what}{shown} not sent by the box: over {MAX_LINE_BYTES} bytes"
+    )
 
 
 def _reject_constant(name: str) -> Any:

@@ -32,7 +32,8 @@ def _reply(reply: protocol.Reply) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dflash_train.export import export_checkpoint, resolve_export_source
+    from dflash_train.drafter import read_drafter_config
+    from dflash_train.export import export_checkpoint, resolve_export_source, servable
 
     start = time.monotonic()
     try:
@@ -52,10 +53,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         path = export_checkpoint(checkpoint, out, args.dtype)
+        problem = servable(read_drafter_config(checkpoint))
     except (ValueError, OSError, RuntimeError) as exc:
         message = f"{type(exc).__name__}: {exc}".splitlines()[0]
         _reply(protocol.reply_error("export", "export_failed", message))
         return 1
+    seconds = round(time.monotonic() - start, 3)
+    # Said in the reply's own line: an export no engine can load must not pass unnoticed.
+    told = f"exported {checkpoint.name} to {path} in {seconds:.1f} s"
     _reply(
         protocol.reply_ok(
             "export",
@@ -63,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
             checkpoint=str(checkpoint),
             dtype=args.dtype,
             files=sorted(p.name for p in path.iterdir()),
-            seconds=round(time.monotonic() - start, 3),
+            seconds=seconds,
+            servable=problem is None,
+            message=f"{told}; {problem}" if problem else f"{told}; servable by DFlash engines",
         )
     )
     return 0

@@ -80,6 +80,13 @@ class ModelOptions:
     max_length: int = option("int", 2048, "tokens per sample, longer ones are cut", minimum=1)
     tokens_per_batch: int = option("int", 16384, "tokens per batch, padding included", minimum=1)
     num_buckets: int = option("int", 8, "length buckets for batching", minimum=1)
+    mask_token: str = option(
+        "str",
+        "auto",
+        "block mask: auto (a real token id, never in the data), a token id, or learned "
+        "(a vector no inference engine loads)",
+        metavar="auto|ID|learned",
+    )
     attention: str = option(
         "choice",
         "auto",
@@ -241,4 +248,15 @@ def check_config(config: TrainConfig) -> None:
     try:
         protocol.validate_settings(config.live_settings(), {})
     except protocol.SettingError as exc:
+        raise ConfigError(str(exc)) from None
+    # Stdlib-only checks owned by the modules that use the values (issue 12).
+    from dflash_train.checkpoint_layout import check_run_id
+    from dflash_train.mask_token import parse_mask_request
+
+    try:
+        parse_mask_request(config.get("mask_token"))
+        run_id = config.get("run_id")
+        if run_id is not None:
+            check_run_id(run_id)
+    except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_train import protocol
+from dflash_train import checkpoint_layout, protocol
 from dflash_train.control.preflight import PreflightError, run_preflight
 from dflash_train.control.run_status import find_lines, log_tail
 from dflash_train.rundir import RunDir, atomic_write_json, lock_holder_pid, lock_is_held, read_json
@@ -176,6 +176,8 @@ def _start(
             "started_at": started_at,
             "host": socket.gethostname(),
             "launch": "starting",
+            # This run's checkpoint folder, and where earlier runs in this dir keep theirs.
+            **checkpoint_layout.run_layout(run_dir.root, run_id),
         },
     )
     return Started(proc, run_id, log_offset, baseline, started_at)
@@ -277,6 +279,10 @@ def start_verified(
     except PreflightError as exc:
         return protocol.reply_error("launch", exc.code, exc.message)
     run_id = args.run_id or run_id or env.get("DFLASH_RUN_ID") or uuid.uuid4().hex[:12]
+    try:
+        checkpoint_layout.check_run_id(run_id)  # it names the run's checkpoint folder
+    except ValueError as exc:
+        return protocol.reply_error("launch", "bad_train_args", str(exc))
     started = _start(run_dir, run_id, train_args, env, env_file)
     return _verify(run_dir, started, wait_s)
 

@@ -50,6 +50,10 @@ def _restart(data: Mapping[str, Any]) -> str:
     else:
         how = "started from scratch (no checkpoint yet)"
     text = f"restarted: {how}{_seconds(data)}, {_started(data)}"
+    previous = data.get("previous_run")
+    if isinstance(previous, dict) and previous.get("dir"):
+        # A fresh start leaves the old run where it was: say where (issue 12).
+        text += f"; run {previous.get('run_id')}'s checkpoints are kept in {previous['dir']}"
     dropped = data.get("env_dropped") or []
     if dropped:
         text += f"; not passed again: {', '.join(str(d) for d in dropped)}"

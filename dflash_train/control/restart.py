@@ -1,6 +1,7 @@
-"""Restart a run: check the overrides first (a bad one stops nothing), stop the trainer,
-then launch the recorded train args again, resuming from the newest checkpoint under the
-same run id, or from scratch under a new one (`fresh`)."""
+"""Restart a run: check the overrides and the checkpoint to resume first (a bad override or
+an incompatible checkpoint stops nothing), stop the trainer, then launch the recorded train
+args again, resuming the run's own newest checkpoint under the same run id, or from scratch
+under a new one (`fresh`), which leaves the old run's checkpoints and export in place."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dflash_train import protocol
-from dflash_train.checkpoints import latest_checkpoint
+from dflash_train import checkpoint_layout, protocol
+from dflash_train.checkpoints import recorded_run
 from dflash_train.control.launch import (
     REDACTED,
     ControlBusy,
@@ -82,9 +83,15 @@ def restart_run(
     recorded_file = record.get("env_file")
     env_file = env_file or (recorded_file if isinstance(recorded_file, str) else None)
     try:
-        parse_train_args(run_dir, args)  # a bad override stops nothing
+        parsed = parse_train_args(run_dir, args)  # a bad override stops nothing
     except PreflightError as exc:
         return protocol.reply_error("restart", exc.code, exc.message)
+    explicit = _recorded_resume(recorded)
+    if not fresh and isinstance(old_id, str):
+        refusal = _check_resumable(run_dir, old_id, parsed, recorded, explicit)
+        if refusal is not None:
+            return refusal
+    root = run_dir.checkpoints
     try:
         with control_guard(run_dir):
             stopped: dict[str, Any] | None = None
@@ -95,10 +102,18 @@ def restart_run(
                         "restart", stop.error_code or "stop_failed", stop.error or "", **stop.data
                     )
                 stopped = dict(stop.data)
-            # Looked up after the stop: a trainer checkpoints on SIGTERM.
-            resume = None if fresh else latest_checkpoint(run_dir.checkpoints)
+            if fresh and isinstance(old_id, str):
+                # The old run's export joins its checkpoints, where run.json names it.
+                checkpoint_layout.set_aside_export(run_dir.root, run_id, owner_hint=old_id)
+            # Looked up after the stop: a trainer checkpoints on SIGTERM. Only this run's
+            # own checkpoints count; a run started from another run's checkpoint (an
+            # explicit --resume-from PATH) that has none of its own yet starts there again.
+            resume = None if fresh else checkpoint_layout.newest_of_run(root, run_id)
             if resume is not None:
                 args += ["--resume-from", "latest"]
+            elif not fresh and explicit is not None:
+                resume = checkpoint_layout.resolve_resume(explicit, root, run_id)
+                args += ["--resume-from", explicit]
             launched = start_verified(
                 run_dir,
                 args,
@@ -111,11 +126,19 @@ def restart_run(
             )
     except ControlBusy as exc:
         return protocol.reply_error("restart", "busy", str(exc))
+    layout = checkpoint_layout.run_layout(run_dir.root, run_id)
+    previous = None
+    if fresh and isinstance(old_id, str):
+        previous = checkpoint_layout.run_summary(run_dir.root, old_id)
     data = {
         **launched.data,
         "stopped": stopped,
         "resumed_from": str(resume) if resume else None,
+        "resumed_run": recorded_run(resume) if resume else None,
         "fresh": fresh,
+        # Where the run that a fresh start left behind keeps its checkpoints and export.
+        "previous_run": previous,
+        "checkpoints": layout["checkpoints"],
         "train_args": args,
         "env_dropped": dropped,
     }
@@ -124,3 +147,45 @@ def restart_run(
             "restart", launched.error_code or "launch_failed", launched.error or "", **data
         )
     return protocol.reply_ok("restart", **data)
+
+
+def _recorded_resume(recorded: Sequence[str]) -> str | None:
+    """The recorded `--resume-from PATH` (a start from a chosen checkpoint), not `latest`."""
+    value = None
+    for i, arg in enumerate(recorded):
+        if arg == "--resume-from" and i + 1 < len(recorded):
+            value = recorded[i + 1]
+        elif arg.startswith("--resume-from="):
+            value = arg.split("=", 1)[1]
+    return None if value in (None, "latest") else value
+
+
+def _check_resumable(
+    run_dir: RunDir,
+    run_id: str,
+    parsed: Any,
+    recorded: Sequence[str],
+    explicit: str | None,
+) -> protocol.Reply | None:
+    """Refuse (before anything is stopped) a resume whose checkpoint was trained with
+    another shape than the new args. With no checkpoint yet, the live run's recorded args
+    stand for the one it will write on SIGTERM."""
+    wanted = checkpoint_layout.facts_from_args(parsed)
+    candidate = checkpoint_layout.newest_of_run(run_dir.checkpoints, run_id)
+    try:
+        if candidate is None and explicit is not None:
+            candidate = checkpoint_layout.resolve_resume(explicit, run_dir.checkpoints, run_id)
+        if candidate is not None:
+            saved = checkpoint_layout.checkpoint_facts(candidate)
+            what = f"checkpoint {candidate}"
+        else:
+            saved = checkpoint_layout.facts_from_args(parse_train_args(run_dir, recorded))
+            what = f"run {run_id} (no checkpoint yet; its next one)"
+        checkpoint_layout.check_compatible(what, saved, wanted)
+    except checkpoint_layout.IncompatibleCheckpoint as exc:
+        return protocol.reply_error(
+            "restart", "incompatible_checkpoint", str(exc), field=exc.field, run_id=run_id
+        )
+    except (ValueError, PreflightError) as exc:
+        return protocol.reply_error("restart", "bad_checkpoint", f"resume: {exc}", run_id=run_id)
+    return None

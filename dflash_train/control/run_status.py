@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_train import protocol
+from dflash_train import checkpoint_layout, protocol
 from dflash_train.control.tail import read_envelope
 from dflash_train.rundir import RunDir, lock_holder_pid, lock_is_held, read_json
 
@@ -130,6 +130,8 @@ def run_status(
         "launch": record.get("launch"),
         "total_steps": None if fresh_launch else _total_steps(run_dir, facts),
     }
+    # Where this run's checkpoints are, and those (and exports) of earlier runs in the dir.
+    info |= checkpoint_layout.run_layout(run_dir.root, info["run_id"])
     if held:
         since = started_at if fresh_launch else (last.t if last else started_at)
         quiet = now - since if isinstance(since, (int, float)) else 0.0

@@ -17,11 +17,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
+from dflash_train import protocol
+
 # protocol.encode_line writes the envelope first, in this order, without spaces.
 ENVELOPE_PREFIX = re.compile(
     rb'\{"v":\d+,"seq":(\d+),"t":[^,]*,"run":"((?:[^"\\]|\\.)*)","kind":"([A-Za-z_]+)"'
 )
 _CHUNK = 1 << 20
+# A line longer than this is never sent (protocol.MAX_LINE_BYTES): `tail` sends a small
+# notice in its place, and never holds more than about this much of one line in memory.
+MAX_LINE = protocol.MAX_LINE_BYTES
+_HEAD = 512  # enough of a skipped line to read its envelope
 
 
 class Envelope(NamedTuple):
@@ -128,6 +134,11 @@ class StreamFollower:
         self._offset = 0
         self._partial = b""
         self._past_cursor = from_seq < 0
+        # Inside a line too long to send: (its first bytes, its length so far).
+        self._skipping: tuple[bytes, int] | None = None
+        self.oversized = 0  # lines skipped for length
+        # Notices of skipped lines met by `blocks()`, for a reader that summarises them away.
+        self.notices: list[bytes] = []
 
     def _open(self, *, at: tuple[int, int] | None = None) -> bool:
         """Open the stream at the cursor, or at `at` = (byte offset, inode) where a saved
@@ -153,6 +164,7 @@ class StreamFollower:
             self._offset = offset_after_seq(self.path, self.cursor) if first is not None else 0
         fh.seek(self._offset)
         self._partial = b""
+        self._skipping = None
         return True
 
     def open_at(self, offset: int, inode: int) -> bool:
@@ -180,7 +192,8 @@ class StreamFollower:
             st = os.stat(self.path)
         except FileNotFoundError:
             return False
-        return st.st_ino != self._inode or st.st_size < self._offset + len(self._partial)
+        held = len(self._partial) + (self._skipping[1] if self._skipping else 0)
+        return st.st_ino != self._inode or st.st_size < self._offset + held
 
     def skip_to(self, cursor: int, run: str | None) -> None:
         """Continue live after a reader of `blocks` covered the stream up to `cursor`."""
@@ -191,7 +204,9 @@ class StreamFollower:
         self._past_cursor = True
 
     def poll(self) -> Iterator[bytes]:
-        """New complete lines past the cursor, read until the current end of the file."""
+        """New complete lines past the cursor, read until the current end of the file
+        (a line too long to send comes as its notice)."""
+        self.notices.clear()  # sent inline here
         if self._fh is None:
             if not self._open():
                 return
@@ -225,14 +240,69 @@ class StreamFollower:
             chunk = self._fh.read(_CHUNK)
             if not chunk:
                 return
+            if self._skipping is not None:
+                head, size = self._skipping
+                end = chunk.find(b"\n")
+                if end < 0:
+                    self._skipping = (head, size + len(chunk))
+                    continue
+                self._skipping = None
+                self._offset += size + end + 1
+                chunk = chunk[end + 1 :]
+                notice = self._notice(head, size + end)
+                if notice is not None:
+                    yield notice
             data = self._partial + chunk
             end = data.rfind(b"\n")
             if end < 0:
-                self._partial = data
+                self._hold(data)
                 continue
-            self._partial = data[end + 1 :]
+            self._hold(data[end + 1 :])
             self._offset += end + 1
-            yield data[:end]
+            yield self._bounded(data[:end])
+
+    def _hold(self, partial: bytes) -> None:
+        """Keep the unfinished last line, unless it is already too long to send: then only
+        its head is kept and the rest of it is counted, not read into memory."""
+        if len(partial) > MAX_LINE:
+            self._skipping, self._partial = (partial[:_HEAD], len(partial)), b""
+        else:
+            self._partial = partial
+
+    def _bounded(self, block: bytes) -> bytes:
+        """`block` with every line over MAX_LINE replaced by its notice. The check jumps
+        about MAX_LINE bytes at a time, so a block of ordinary lines costs almost nothing."""
+        pos = 0
+        while len(block) - pos > MAX_LINE:
+            newline = block.rfind(b"\n", pos, pos + MAX_LINE + 1)
+            if newline < 0:
+                break  # the line starting at `pos` is too long
+            pos = newline + 1
+        else:
+            return block
+        kept = []
+        for line in block.split(b"\n"):
+            if len(line) <= MAX_LINE:
+                kept.append(line)
+                continue
+            notice = self._notice(line[:_HEAD], len(line))
+            if notice is not None:
+                kept.append(notice)
+        return b"\n".join(kept)
+
+    def _notice(self, head: bytes, size: int) -> bytes | None:
+        """The notice sent instead of a skipped line; None for one the reader already had
+        (its seq is at or below the cursor)."""
+        match = ENVELOPE_PREFIX.match(head)
+        seq = kind = None
+        if match is not None:
+            seq, kind = int(match.group(1)), decoded(match.group(3))
+            if seq <= self.cursor and self.run in (None, decoded(match.group(2))):
+                return None
+        self.oversized += 1
+        notice = protocol.skipped_notice(size, seq, kind)
+        self.notices.append(notice)
+        return notice
 
     def _accept(self, line: bytes) -> bool:
         env = read_envelope(line)
@@ -311,7 +381,9 @@ def _write_history(
         summary.add_block(block, max(follower.cursor, summary.last_seq))
     follower.skip_to(summary.last_seq, summary.run)
     marker = summary.end_marker()
-    _write(out, iter([*summary.lines(), *([marker] if marker else [])]))
+    # The summary keeps only status lines: the notices of lines too long to send go first.
+    notices, follower.notices = follower.notices, []
+    _write(out, iter([*notices, *summary.lines(), *([marker] if marker else [])]))
     out.flush()
     offset, inode = follower.position
     if whole and inode is not None and offset - start >= history_cache.SAVE_AFTER_BYTES:

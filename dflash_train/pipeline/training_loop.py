@@ -131,17 +131,19 @@ def _finish(run: TrainingRun, reason: str) -> str:
 
 def _export(run: TrainingRun) -> None:
     """A failed export leaves the checkpoints and is reported; it does not fail the run."""
-    from dflash_train.checkpoints import latest_checkpoint
+    from dflash_train.checkpoint_layout import newest_of_run
 
     assert run.monitor is not None
-    source = latest_checkpoint(run.run_dir.checkpoints)
+    source = newest_of_run(run.run_dir.checkpoints, run.run_id)
     if source is None:
         return
     start = time.monotonic()
     try:
-        from dflash_train.export import export_checkpoint
+        from dflash_train.drafter import read_drafter_config
+        from dflash_train.export import export_checkpoint, servable
 
         export_checkpoint(source, run.run_dir.export)
+        problem = servable(read_drafter_config(source))
     except Exception as exc:
         run.monitor.emit(
             "event",
@@ -154,7 +156,8 @@ def _export(run: TrainingRun) -> None:
         "event",
         level="info",
         code="exported",
-        message=f"drafter exported to {run.run_dir.export}",
+        message=f"drafter exported to {run.run_dir.export}" + (f"; {problem}" if problem else ""),
+        servable=problem is None,
         path=str(run.run_dir.export),
         seconds=round(time.monotonic() - start, 3),
     )

@@ -10,9 +10,10 @@ import os
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dflash_train import checkpoints
+from dflash_train import checkpoint_layout, checkpoints
 from dflash_train.commands.train import settings_from_args
 from dflash_train.pipeline.compile_warm_up import (
     compile_before_workers,
@@ -30,6 +31,8 @@ from dflash_train.rundir import RunDir
 from dflash_train.status_writer import StatusWriter
 
 if TYPE_CHECKING:
+    from dflash_train.drafter import DFlashConfig
+    from dflash_train.mask_token import MaskChoice
     from dflash_train.pipeline.drafter_step import DrafterStepper
     from dflash_train.trainer import StopFlag
 
@@ -64,6 +67,9 @@ class TrainingRun:
         self.group: RankGroup | None = None
         self.wandb: Any = None
         self.resumed_from: str | None = None
+        self.resumed_run: str | None = None
+        self.resume_path: Path | None = None
+        self.mask_reason = ""
         self._plan_cache: tuple[int, list[list[int]]] | None = None
 
     # -- set-up -------------------------------------------------------------------------
@@ -87,11 +93,15 @@ class TrainingRun:
         ]
         torch.manual_seed(args.seed)
 
+        self.checkpoint_dir = checkpoint_layout.run_folder(self.run_dir.checkpoints, self.run_id)
+        self.target_identity = checkpoint_layout.target_identity(args.target_model)
+        if args.resume_from:
+            self._find_resume(args.resume_from)
         self._load_data()
         self._load_models(torch)
         self._build_stepper()
-        if args.resume_from:
-            self._resume(args.resume_from)
+        if self.resume_path is not None:
+            self._resume(self.resume_path)
         pad_id = self.targets[0].tokenizer.pad_token_id
         loader = BatchLoader(
             self.dataset,
@@ -192,7 +202,10 @@ class TrainingRun:
             num_layers=args.draft_layers,
             block_size=args.block_size,
             num_context_layers=context_layer_count(self.targets[0].num_layers, args.target_layers),
+            mask=self._mask_choice(),
         )
+        if self.resume_path is not None:
+            self._check_resumed_shape(config)
         self.layer_ids = list(config.target_layer_ids)
         self.drafter = DFlashDrafter(config).to(self.device)
         model: Any = self.drafter
@@ -221,21 +234,69 @@ class TrainingRun:
             timers=self.timers,
         )
 
-    def _resume(self, spec: str) -> None:
+    def _find_resume(self, spec: str) -> None:
+        """Which checkpoint to resume, checked against this run's arguments before anything
+        heavy loads. `latest` is this run id's newest; a path may be another run's."""
+        path = checkpoint_layout.resolve_resume(spec, self.run_dir.checkpoints, self.run_id)
+        if path is None:
+            # A restart of a run that died before its first save starts over instead of failing.
+            print(
+                f"--resume-from latest: run {self.run_id} has no checkpoint yet; "
+                "starting at step 0",
+                file=sys.stderr,
+            )
+            return
+        wanted = checkpoint_layout.facts_from_args(self.args)
+        checkpoint_layout.check_compatible(
+            f"checkpoint {path}", checkpoint_layout.checkpoint_facts(path), wanted
+        )
+        self.resume_path = path
+
+    def _mask_choice(self) -> MaskChoice:
+        from dflash_train.drafter import read_drafter_config
+        from dflash_train.mask_token import (
+            MaskChoice,
+            choose_mask,
+            parse_mask_request,
+            tokens_seen,
+        )
+
+        if self.resume_path is not None:  # the drafter was trained with the checkpoint's
+            saved = read_drafter_config(self.resume_path)
+            return MaskChoice(saved.mask_mode, saved.mask_token_id, "the resumed checkpoint's")
+        target = self.targets[0]
+        request = parse_mask_request(getattr(self.args, "mask_token", "auto"))
+        # Only a table without a spare row needs the data scanned (one pass over input_ids).
+        needs_scan = getattr(target.tokenizer, "mask_token_id", None) is None and (
+            target.vocab_size <= len(target.tokenizer)
+        )
+        seen = tokens_seen(self.dataset.table, target.vocab_size) if needs_scan else None
+        choice = choose_mask(target.tokenizer, target.vocab_size, seen, request)
+        self.mask_reason = choice.reason
+        print(f"mask: {choice.reason}", file=sys.stderr)
+        return choice
+
+    def _check_resumed_shape(self, config: DFlashConfig) -> None:
+        """The full check, against the loaded target's real shape."""
+        assert self.resume_path is not None
+        wanted = {
+            "target_model": self.target_identity,
+            "hidden_size": config.hidden_size,
+            "num_target_layers": config.num_target_layers,
+            "target_layers": list(config.target_layer_ids),
+            "block_size": config.block_size,
+            "draft_layers": config.num_layers,
+        }
+        path = self.resume_path
+        checkpoint_layout.check_compatible(
+            f"checkpoint {path}", checkpoint_layout.checkpoint_facts(path), wanted
+        )
+
+    def _resume(self, path: Path) -> None:
         from dflash_train.drafter import load_drafter
 
-        if spec == "latest" and checkpoints.latest_checkpoint(self.run_dir.checkpoints) is None:
-            # A restart of a run that died before its first save starts over instead of failing.
-            print("--resume-from latest: no checkpoint yet; starting at step 0", file=sys.stderr)
-            return
-        path = checkpoints.resolve_resume(spec, self.run_dir.checkpoints)
         loaded = checkpoints.load_checkpoint(path)
         saved = load_drafter(path, self.device)
-        if list(saved.config.target_layer_ids) != self.layer_ids:
-            raise ValueError(
-                f"--resume-from: {path} was trained on target layers "
-                f"{list(saved.config.target_layer_ids)}, this run uses {self.layer_ids}"
-            )
         self.drafter.load_state_dict(saved.state_dict())
         self.stepper.load_state_dicts(loaded.optimizer, loaded.scheduler)
         checkpoints.restore_rng(loaded.rng)
@@ -250,7 +311,9 @@ class TrainingRun:
         if self.settings["hs_min_ready"] > self.settings["hs_queue_depth"]:
             self.settings["hs_min_ready"] = self.settings["hs_queue_depth"]
         self.resumed_from = str(path)
-        print(f"resumed from {path} at step {self.step}", file=sys.stderr)
+        self.resumed_run = loaded.state.run_id
+        other = "" if self.resumed_run == self.run_id else f" (run {self.resumed_run})"
+        print(f"resumed from {path}{other} at step {self.step}", file=sys.stderr)
 
     def _start_monitor(self) -> None:
         from dflash_train.pipeline.wandb_log import WandbLogger
@@ -324,6 +387,13 @@ class TrainingRun:
             pid=os.getpid(),
             host=socket.gethostname(),
             resumed_from=self.resumed_from,
+            resumed_run=self.resumed_run,
+            checkpoint_dir=str(self.checkpoint_dir),
+            mask={
+                "mode": self.drafter.config.mask_mode,
+                "token_id": self.drafter.config.mask_token_id,
+                "reason": self.mask_reason,
+            },
             start_step=self.step,
             settings=dict(self.settings),
             layer_ids=self.layer_ids,
@@ -380,10 +450,11 @@ class TrainingRun:
             control_rev=self.monitor.control.last_rev
             if self.monitor and self.monitor.control
             else None,
+            target=self.target_identity,
         )
         try:
             path = checkpoints.save_checkpoint(
-                self.run_dir.checkpoints,
+                self.checkpoint_dir,
                 drafter=self.drafter,
                 optimizer=self.stepper.optimizer,
                 scheduler=self.stepper.scheduler,

@@ -260,6 +260,7 @@ def test_fresh_restart_then_stop_by_term(run_dir: Path) -> None:
     assert reply.data["exited"] is True
     assert _alive(reply.data["pid"]) is False
     # The trainer checkpointed on SIGTERM at the step its run_end names.
-    assert (run_dir / "checkpoints" / f"step_{reply.data['step']:07d}").is_dir()
+    new_run = reply.data["run_id"]  # in the fresh run's own folder
+    assert (run_dir / "checkpoints" / new_run / f"step_{reply.data['step']:07d}").is_dir()
     _, status = cli("status", str(run_dir))
     assert status.data["state"] == "finished" and status.data["reason"] == "signal"

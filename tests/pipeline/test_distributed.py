@@ -53,9 +53,10 @@ def test_two_gloo_ranks_train_and_rank0_writes(tmp_path: Path, prepared_data_dir
     # Each rank takes half of every epoch's batches.
     per_epoch = start["batches_per_epoch"] // 2
     assert start["total_steps"] == 3 and per_epoch >= 1
-    saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    own = run_dir / "checkpoints" / start.run  # the run's own folder
+    saved = sorted(p.name for p in own.iterdir())
     assert saved[-1] == "step_0000003"
-    state = torch.load(run_dir / "checkpoints" / saved[-1] / "optimizer.pt", weights_only=False)
+    state = torch.load(own / saved[-1] / "optimizer.pt", weights_only=False)
     assert state["state"], "rank 0 saved a stepped optimizer"
 
 

@@ -38,7 +38,6 @@ def test_disk_full_while_checkpointing(
     small_disk: Path, prepared_data_dir: Path, smollm2_spec: str
 ) -> None:
     run_dir = small_disk / "run"
-    ckpts = run_dir / "checkpoints"
     args = box.tiny_train_args(
         smollm2_spec,
         prepared_data_dir,
@@ -53,6 +52,7 @@ def test_disk_full_while_checkpointing(
         *box.env_options(box.trainer_env()), "--", *args, timeout=300,
     )  # fmt: skip
     assert reply.ok, reply
+    ckpts = run_dir / "checkpoints" / reply.data["run_id"]  # the run's own folder
     end = box.wait_line(run_dir, lambda ln: ln.kind == "run_end", timeout=180, what="run_end")
     box.wait_unlocked(run_dir)
 

@@ -67,7 +67,6 @@ async def test_sigkill_mid_step_then_mid_checkpoint_resumes_from_last_complete(
     tmp_path: Path, prepared_data_dir: Path, smollm2_spec: str
 ) -> None:
     run_dir = tmp_path / "run"
-    ckpts = run_dir / "checkpoints"
     args = box.tiny_train_args(
         smollm2_spec,
         prepared_data_dir,
@@ -83,6 +82,7 @@ async def test_sigkill_mid_step_then_mid_checkpoint_resumes_from_last_complete(
     )  # fmt: skip
     assert reply.ok, reply
     run_id = reply.data["run_id"]
+    ckpts = run_dir / "checkpoints" / run_id  # the run's own folder
     try:
         # 1. SIGKILL mid-step, with a checkpoint behind it.
         box.wait_line(run_dir, lambda ln: ln.kind == "checkpoint", what="a checkpoint")

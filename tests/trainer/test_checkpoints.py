@@ -101,7 +101,8 @@ def test_sigkill_during_a_save_keeps_the_previous_checkpoint(
     # The stall sits inside the real save path, after every file of step 4 is written and
     # before its completion marker and rename: the worst moment to die.
     proc = start_train(argv, log, **{STALL_ENV: "4"})
-    partial = run_dir / "checkpoints" / ".tmp-step_0000004"
+    root = run_dir / "checkpoints" / "killed"  # the run's own folder
+    partial = root / ".tmp-step_0000004"
     try:
         deadline = time.monotonic() + 180
         while not (partial / checkpoints.STATE_FILE).exists():
@@ -113,7 +114,6 @@ def test_sigkill_during_a_save_keeps_the_previous_checkpoint(
     finally:
         if proc.poll() is None:
             proc.kill()
-    root = run_dir / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == [".tmp-step_0000004", "step_0000002"]
     assert not is_complete(partial)
     latest = latest_checkpoint(root)

@@ -8,6 +8,7 @@ import json
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from drafter_fixtures import HIDDEN, frozen_head, random_context, tiny_config, tiny_drafter
@@ -18,12 +19,12 @@ from dflash_train.drafter import (
     WEIGHTS_FILE,
     DFlashConfig,
     DFlashDrafter,
-    choose_mask,
     drafter_config_for_target,
     load_drafter,
     read_drafter_config,
     save_drafter,
 )
+from dflash_train.mask_token import choose_mask
 from dflash_train.targets import Target, load_target
 
 
@@ -56,18 +57,38 @@ def test_config_from_dict_names_missing_field() -> None:
         DFlashConfig.from_dict(record)
 
 
+def _pick(*args: object) -> tuple[str, int | None]:
+    choice = choose_mask(*args)  # type: ignore[arg-type]
+    return choice.mode, choice.token_id
+
+
 def test_choose_mask_follows_dflash_rule(smollm2: Target) -> None:
     tokenizer = copy.deepcopy(smollm2.tokenizer)
-    # SmolLM2: all 49152 rows are tokens -> learned; spare rows -> the first unused one.
-    assert choose_mask(tokenizer, 49152) == ("learned", None)
-    assert choose_mask(tokenizer, 49216) == ("token", 49152)
+    seen = np.zeros(49152, dtype=bool)
+    seen[[0, 1, 2, 16, 500]] = True  # the chat tokens, one special token, a word
+    # SmolLM2: all 49152 rows are tokens -> the highest special token absent from the data
+    # (16 <empty_output> occurs here, so 15), never bos/eos/pad/unk.
+    assert _pick(tokenizer, 49152, seen) == ("token", 15)
+    seen[3:17] = True  # every special token occurs: the highest id that never does
+    seen[-1] = True
+    assert _pick(tokenizer, 49152, seen) == ("token", 49150)
+    with pytest.raises(ValueError, match="all 49152 token ids occur"):
+        choose_mask(tokenizer, 49152, np.ones(49152, dtype=bool))
+    # Only on request: a learned vector; an explicit id must be in range and unused.
+    assert _pick(tokenizer, 49152, seen, "learned") == ("learned", None)
+    with pytest.raises(ValueError, match="outside the target's table"):
+        choose_mask(tokenizer, 49152, seen, 49152)
+    with pytest.raises(ValueError, match="occurs in the training data"):
+        choose_mask(tokenizer, 49152, seen, 500)
+    # Spare rows -> the first unused one; a tokenizer's mask token first of all.
+    assert _pick(tokenizer, 49216, None) == ("token", 49152)
     tokenizer.add_special_tokens({"mask_token": "<mask>"})
-    assert choose_mask(tokenizer, 49216) == ("token", tokenizer.mask_token_id)
+    assert _pick(tokenizer, 49216, None) == ("token", tokenizer.mask_token_id)
 
 
-def test_config_for_smollm2_learns_its_mask(smollm2: Target) -> None:
+def test_config_for_smollm2_uses_a_real_token(smollm2: Target) -> None:
     config = drafter_config_for_target(smollm2, num_layers=1, block_size=8)
-    assert config.mask_mode == "learned" and config.mask_token_id is None
+    assert config.mask_mode == "token" and config.mask_token_id == 16
     assert (config.hidden_size, config.num_heads, config.num_kv_heads) == (576, 9, 3)
     assert (config.head_dim, config.intermediate_size) == (64, 1536)
     assert config.target_layer_ids == (15,)

@@ -160,3 +160,16 @@ def test_cli_reports_bad_input_in_one_line(tmp_path: Path) -> None:
     code, reply = _cli("export", str(checkpoint))
     assert code == 2 and reply.error == "out: required for a checkpoint"
     assert not (tmp_path / "o").exists()
+
+
+def test_cli_says_whether_engines_can_serve_the_export(tmp_path: Path) -> None:
+    learned = tmp_path / "learned"
+    _save_run_checkpoint(learned, tiny_drafter(num_layers=1), 5)  # --mask-token learned
+    code, reply = _cli("export", str(learned), "--dtype", "float32")
+    assert code == 0 and reply.ok and reply.data["servable"] is False
+    assert "not servable" in reply.data["message"] and "mask_token_id" in reply.data["message"]
+    token = tmp_path / "token"
+    _save_run_checkpoint(token, tiny_drafter(num_layers=1, mask_mode="token", mask_token_id=7), 5)
+    code, reply = _cli("export", str(token), "--dtype", "float32")
+    assert code == 0 and reply.ok and reply.data["servable"] is True
+    assert "not servable" not in reply.data["message"]

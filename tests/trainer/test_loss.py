@@ -17,6 +17,7 @@ from dflash_train.dflash_loss import (
     tau_from_slot_acc,
 )
 from dflash_train.drafter import DFlashDrafter, drafter_config_for_target
+from dflash_train.mask_token import choose_mask
 from dflash_train.targets import Target, extract_context
 
 SIZE = 4  # the tiny drafter's block size
@@ -244,7 +245,9 @@ def test_loss_falls_on_a_fixed_batch() -> None:
 def test_gradients_never_reach_the_target(tiny_target: Target) -> None:
     """(f) the real (tiny) target feeds context, embedding and lm_head; none gets a gradient,
     and hidden states made under inference_mode are usable for the drafter's backward."""
-    config = drafter_config_for_target(tiny_target, num_layers=1, block_size=SIZE)
+    # The learned mask (now only on request) must get its gradient too.
+    learned = choose_mask(tiny_target.tokenizer, tiny_target.vocab_size, None, "learned")
+    config = drafter_config_for_target(tiny_target, num_layers=1, block_size=SIZE, mask=learned)
     torch.manual_seed(0)
     drafter = DFlashDrafter(config)
     input_ids = torch.randint(0, 1000, (2, 20), generator=torch.Generator().manual_seed(8))

@@ -48,7 +48,10 @@ def test_sync_run_writes_the_stream_checkpoints_and_wandb(
     assert peak > 0 and steps[-1]["lr"] < peak  # warmup, then cosine decay
     saved = [line["step"] for line in lines if line.kind == "checkpoint"]
     assert saved == [2, 4]
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_0000004"]
+    # The run's own folder; keep 1 pruned step 2.
+    assert sorted(p.name for p in (run_dir / "checkpoints" / "syncrun").iterdir()) == [
+        "step_0000004"
+    ]
     end = lines[-1]
     assert end["reason"] == "completed" and end["exit_code"] == 0
     assert not lock_is_held(run_dir / "run.lock")
@@ -187,7 +190,8 @@ def test_non_finite_steps_stop_the_run_and_keep_the_last_good_checkpoint(
     from dflash_train.checkpoints import latest_checkpoint
     from dflash_train.drafter import load_drafter
 
-    drafter = load_drafter(latest_checkpoint(run_dir / "checkpoints"))  # type: ignore[arg-type]
+    own = run_dir / "checkpoints" / lines[0].run
+    drafter = load_drafter(latest_checkpoint(own))  # type: ignore[arg-type]
     assert all(p.isfinite().all() for p in drafter.parameters())
 
 
