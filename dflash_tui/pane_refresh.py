@@ -96,6 +96,7 @@ class PaneRefresh:
             )
         events = main.query_one(EventsLog)
         rejected = sum(state.rejected_lines.values())
+        oversized = state.rejected_lines.get("oversized", 0)
         latest_note = app.notes[-1] if app.notes else None
         signature = (
             seen["event"] + seen["checkpoint"] + seen["run_end"],
@@ -103,11 +104,12 @@ class PaneRefresh:
             len(app.notes),
             len(app.log_tail),
             rejected,
+            oversized,
             theme,
             events.size,
         )
         if events.display and self.changed("events", signature):
-            events.show(event_entries(app), app.log_tail, colours, rejected)
+            events.show(event_entries(app), app.log_tail, colours, rejected, oversized)
         if self.due("plots", PLOT_EVERY_S):
             loss = main.query_one(LossPane)
             toggles = (loss.log_scale, loss.smoothing)
