@@ -3,7 +3,7 @@
 #   suite   bench/pipeline.py --suite speed (every figure of docs/performance.md's speed table)
 #   launch  a real `dflash-train launch` (random:qwen3-8b, 2-layer drafter, the new paths:
 #           flex attention, fused CE, compiled target) for a few hundred steps
-# Usage (repo root): OUT=/tmp/out bash bench/h200_speed_session.sh suite launch
+# Usage (repo root): OUT=/tmp/out bash bench/h200_speed_session.sh launch suite
 # Carry (ignored by git, made as bench/h200_session.sh says): .whl/ (datasets==5.2.0 dill
 # multiprocess platformdirs), .whl_fla/ (flash-linear-attention==0.6.0 fla-core==0.6.0),
 # .devcarry/cache/models/smollm2-135m-instruct/ (tokenizer files and config.json only).

@@ -80,6 +80,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=6, help="speed suite: timed drafter steps")
     p.add_argument("--target-calls", type=int, default=8, help="speed suite: timed target calls")
     p.add_argument("--rounds", type=int, default=2, help="speed suite: monitor off/on rounds")
+    p.add_argument("--cases", default="", help="speed suite: comma-separated case-name prefixes")
     p.add_argument("--out", type=Path, default=Path("bench_pipeline.json"))
     args = p.parse_args()
     if args.smoke:
