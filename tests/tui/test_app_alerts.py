@@ -4,6 +4,7 @@ however many lines repeat it, and the header badge names the cause."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -46,7 +47,7 @@ async def test_each_cause_alerts_exactly_once(tmp_path: Path) -> None:
     run_dir = make_run_dir(tmp_path, steps=STEPS)
     now = [time.time()]
     app, _ = console_app(run_dir, clock=lambda: now[0])
-    app.options = type(app.options)(**{**app.options.__dict__, "alerts": ("bell", "toast", "osc")})
+    app.options = dataclasses.replace(app.options, alerts=("bell", "toast", "osc"))
     app.session.backoff = Backoff(initial=3600.0, cap=3600.0, jitter=0.0)
     writer = StatusWriter(run_dir / "status.jsonl", RUN_ID)
     # This test stands for a live trainer: `status` on the box finds the run lock held.
