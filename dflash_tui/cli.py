@@ -19,9 +19,10 @@ from dflash_tui.sources.profiles import (
     load_config,
     remember,
 )
+from dflash_tui.sources.session import watch_only_forced
 
 if TYPE_CHECKING:
-    from dflash_tui.app import DflashApp
+    from dflash_tui.app import ConsoleOptions, DflashApp
 
 
 @dataclass(frozen=True)
@@ -138,19 +139,27 @@ def choose_profile(args: argparse.Namespace, prefix: list[str]) -> Profile:
     for name in ("run_dir", "python", "jump", "theme"):
         if getattr(args, name) is not None:
             changes[name] = getattr(args, name)
-    if args.watch:
+    if args.watch or watch_only_forced():
+        # A console that `dflash-tui serve` started for a browser only watches, and says so.
         changes["watch"] = True
     return replace(profile, **changes)  # type: ignore[arg-type]
 
 
 def build_console(args: argparse.Namespace, prefix: list[str]) -> DflashApp:
-    from dflash_tui.app import ConsoleOptions, DflashApp
+    from dflash_tui.app import DflashApp
 
     profile = choose_profile(args, prefix)
     check_theme(profile.theme)
     transport = profile.transport()
-    options = ConsoleOptions(
-        target_name=transport.description,
+    return DflashApp(transport, console_options(profile, transport.description))
+
+
+def console_options(profile: Profile, target_name: str) -> ConsoleOptions:
+    """A profile's console, as `dflash-tui PROFILE` and the fleet's Enter both open it."""
+    from dflash_tui.app import ConsoleOptions
+
+    return ConsoleOptions(
+        target_name=target_name,
         run_dir=profile.run_dir,
         read_only=profile.watch,
         python=profile.python,
@@ -161,7 +170,6 @@ def build_console(args: argparse.Namespace, prefix: list[str]) -> DflashApp:
         alerts=profile.alerts,
         env_file=profile.env_file,
     )
-    return DflashApp(transport, options)
 
 
 def check_theme(name: str | None) -> None:
@@ -239,7 +247,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if wants_fleet(args):
             from dflash_tui import subcommands
 
-            return subcommands.main("fleet", [])
+            words = ["--watch"] if args.watch else []
+            words += ["--theme", args.theme] if args.theme else []
+            return subcommands.main("fleet", words)
         if args.where == "demo":
             from dflash_tui.demo import run_demo
 

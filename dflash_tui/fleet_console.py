@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from textual.app import App
 from textual.binding import Binding
 
 from dflash_tui import themes
-from dflash_tui.app import ConsoleOptions, DflashApp
+from dflash_tui.app import DflashApp
 from dflash_tui.screens.add_profile import profile_from_fields
 from dflash_tui.screens.fleet import FleetScreen
 from dflash_tui.sources.fleet import Fleet
@@ -90,22 +91,16 @@ class FleetDashboardApp(DflashApp):
 
 
 def dashboard_for(fleet: Fleet, name: str, *, watch: bool, theme: str | None) -> DflashApp:
-    # The CLI's own helpers: the dashboard reads exactly as `dflash-tui PROFILE` does.
-    from dflash_tui.cli import form_defaults, remember_in
+    # The CLI's own options: the dashboard reads exactly as `dflash-tui PROFILE` does.
+    from dflash_tui.cli import console_options
 
-    row = fleet.rows[name]
-    profile = row.profile
+    profile = fleet.rows[name].profile
+    if watch or watch_only_forced():
+        profile = replace(profile, watch=True)
+    if theme:
+        profile = replace(profile, theme=theme)
     transport = fleet.transport_for(name)
-    options = ConsoleOptions(
-        target_name=f"{profile.name}: {transport.description}",
-        run_dir=profile.run_dir,
-        read_only=profile.watch or watch or watch_only_forced(),
-        python=profile.python,
-        launch_defaults=form_defaults(profile.launch),
-        theme=theme or profile.theme,
-        remember=remember_in(profile),
-        remembered_min_ready=profile.launch.hs_min_ready,
-    )
+    options = console_options(profile, f"{profile.name}: {transport.description}")
     return FleetDashboardApp(transport, options)
 
 
