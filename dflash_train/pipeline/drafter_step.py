@@ -247,6 +247,17 @@ class DrafterStepper:
     def load_state_dicts(self, optimizer: dict[str, Any], scheduler: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(optimizer)
         self.scheduler.load_state_dict(scheduler)
+        # The saved groups and schedule base carry the old run's lr and weight decay: a run
+        # restarted with new ones (restart --set lr=...) must train with those.
+        self.scheduler.base_lrs = [self.config.lr for _ in self.scheduler.base_lrs]
+        step = self.scheduler.last_epoch
+        for group, factor in zip(
+            self.optimizer.param_groups, self.scheduler.lr_lambdas, strict=True
+        ):
+            group["initial_lr"] = self.config.lr
+            group["weight_decay"] = self.config.weight_decay
+            group["lr"] = self.config.lr * factor(step)
+        self._last_lr = float(self.optimizer.param_groups[0]["lr"])
 
 
 @dataclass(frozen=True)
