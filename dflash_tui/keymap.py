@@ -28,6 +28,7 @@ PANES: tuple[tuple[str, str], ...] = (
     ("loss", "loss"),
     ("events", "events"),
     ("header", "header"),
+    ("heatmap", "GPU history"),
 )
 
 KEYMAP: tuple[KeyAction, ...] = (
@@ -44,14 +45,27 @@ KEYMAP: tuple[KeyAction, ...] = (
               "every event of the run, full screen, with the same filter and scroll"),
     KeyAction("reconnect", "r", "reconnect", "Reconnect",
               "connect again now (and ask again about a refused host key)", show=False),
-    KeyAction("dismiss", "x", "dismiss_alerts", "Dismiss",
+    KeyAction("dismiss", "d", "dismiss_alerts", "Dismiss",
               "dismiss alert toasts; the header shows the run's state again", show=False),
     KeyAction("pause", "p", "pause", "Pause", "freeze the screen; data keeps arriving underneath"),
     KeyAction("theme", "t", "cycle_theme", "Theme", "next colour theme (remembered)"),
     KeyAction("loss_log", "g", "toggle_log_scale", "Log loss",
               "loss plot: logarithmic y axis on/off", show=False),
     KeyAction("loss_smooth", "s", "toggle_smoothing", "Smooth",
-              "loss plot: moving-average smoothing on/off", show=False),
+              "metrics plot: the smoothed line only (raw hidden) on/off", show=False),
+    KeyAction("plot_metric", "v", "cycle_metric", "Metric",
+              "metrics plot: next of loss, accuracy, tau, grad norm, learning rate, Ktok/s, "
+              "stage times, drafter starved"),
+    KeyAction("plot_range", "z", "cycle_range", "Range",
+              "plots and GPU history: whole run, last 6 h, last 1 h, last 10 min"),
+    KeyAction("plot_axis", "x", "toggle_axis", "Steps/time",
+              "plots: x axis in steps or wall time", show=False),
+    KeyAction("heat_value", "h", "toggle_heat", "Util/power",
+              "GPU history: utilisation or power", show=False),
+    KeyAction("details", "i", "run_details", "Details",
+              "the run's config, topology, dataset stats and batches per epoch"),
+    KeyAction("checkpoints", "c", "checkpoints", "Checkpoints",
+              "every checkpoint: step, time, size, complete (the stream and dflash-train status)"),
     *(
         KeyAction(f"pane_{name}", str(i), f"toggle_pane('{name}')", title,
                   f"show or hide the {title} pane", show=False)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from dflash_tui.sources.state import EventRecord
 from dflash_tui.widgets.events_log import EventEntry, EventsLog
+from dflash_tui.widgets.gpu_heatmap import GpuHeatmap
 from dflash_tui.widgets.gpu_table import MAX_PROCESSES, GpuTable, render_gpus
 from dflash_tui.widgets.header import HeaderFacts, RunHeader
 from dflash_tui.widgets.hs_queue import HsQueuePane, render_queue
@@ -112,30 +113,30 @@ class PaneRefresh:
             events.show(event_entries(app), app.log_tail, colours, rejected, oversized)
         if self.due("plots", PLOT_EVERY_S):
             loss = main.query_one(LossPane)
-            toggles = (loss.log_scale, loss.smoothing)
+            toggles = (loss.log_scale, loss.smoothing, loss.metric, main.plot_view)
             sizes = (main.query_one(ThroughputPane).size, loss.size)
-            if self.changed("plots", (seen["step"], toggles, sizes, theme)):
+            # Steps first: frame_is_current reads it. Profile, queue and event lines feed
+            # the stage, starved and eval-tau plots; markers come with starts and saves.
+            lines = sum(seen[k] for k in ("profile", "queue", "event", "run_start", "checkpoint"))
+            if self.changed("plots", (seen["step"], lines, toggles, sizes, theme)):
                 self.drew("plots")
                 draw_plots(app, main)
+            heatmap = main.query_one(GpuHeatmap)
+            signature = (seen["gpu"], heatmap.value, main.plot_view, heatmap.size, theme)
+            if heatmap.display and self.changed("heatmap", signature):
+                view = main.plot_view
+                heatmap.show(state, view.span_s, view.range_name)
 
 
 def draw_plots(app: DflashApp, main: MainScreen) -> None:
     state = app.state
     throughput = main.query_one(ThroughputPane)
+    # Two plot columns a character (braille): columns beyond that would not show.
     if throughput.display:
-        width = max(throughput.content_size.width, 20)
-        throughput.show(
-            state.series("ktok_s", width), state.latest("ktok_s"), state.average_ktok_s()
-        )
+        throughput.show(state, main.plot_view, 2 * max(throughput.content_size.width, 20))
     loss = main.query_one(LossPane)
     if loss.display:
-        width = max(loss.content_size.width, 20)
-        loss.show(
-            state.series("loss", width),
-            state.latest("loss"),
-            state.latest("acc"),
-            state.latest("tau"),
-        )
+        loss.show(state, main.plot_view, 2 * max(loss.content_size.width, 20))
 
 
 def header_facts(app: DflashApp, now: float) -> HeaderFacts:

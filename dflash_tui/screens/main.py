@@ -13,6 +13,7 @@ from textual.widget import Widget
 from textual.widgets import Footer
 
 from dflash_tui import keymap
+from dflash_tui.screens.checkpoints_screen import CheckpointsScreen
 from dflash_tui.screens.confirm import ConfirmDialog
 from dflash_tui.screens.events_screen import EventsScreen
 from dflash_tui.screens.help import HelpScreen
@@ -20,11 +21,15 @@ from dflash_tui.screens.launch_form import LaunchForm
 from dflash_tui.screens.log_screen import LogScreen
 from dflash_tui.screens.min_ready_prompt import MinReadyPrompt
 from dflash_tui.screens.restart_dialog import RestartDialog, RestartRequest
+from dflash_tui.screens.run_details import RunDetailsScreen
+from dflash_tui.sources.run_history import RANGES
 from dflash_tui.widgets.events_log import EventsLog
+from dflash_tui.widgets.gpu_heatmap import GpuHeatmap
 from dflash_tui.widgets.gpu_table import GpuTable
 from dflash_tui.widgets.header import RunHeader
 from dflash_tui.widgets.hs_queue import HsQueuePane
 from dflash_tui.widgets.loss_plot import LossPane
+from dflash_tui.widgets.metric_plot import PlotView
 from dflash_tui.widgets.throughput_plot import ThroughputPane
 
 if TYPE_CHECKING:
@@ -36,6 +41,11 @@ PANE_IDS = {name: f"pane-{name}" for name, _ in keymap.PANES}
 class MainScreen(Screen[None]):
     BINDINGS = keymap.bindings()
 
+    def __init__(self) -> None:
+        super().__init__()
+        # The range and x axis of every plot and of the GPU history.
+        self.plot_view = PlotView()
+
     @property
     def console(self) -> DflashApp:
         return self.app  # type: ignore[return-value]
@@ -46,6 +56,7 @@ class MainScreen(Screen[None]):
             with Horizontal(id="top-row"):
                 yield GpuTable(id=PANE_IDS["gpus"], classes="pane")
                 yield HsQueuePane(id=PANE_IDS["queue"], classes="pane")
+            yield GpuHeatmap(id=PANE_IDS["heatmap"], classes="pane")
             with Horizontal(id="plot-row"):
                 yield ThroughputPane(id=PANE_IDS["throughput"], classes="pane")
                 yield LossPane(id=PANE_IDS["loss"], classes="pane")
@@ -94,6 +105,47 @@ class MainScreen(Screen[None]):
 
     def action_dismiss_alerts(self) -> None:
         self.console.dismiss_alerts()
+
+    def action_cycle_metric(self) -> None:
+        self.query_one(LossPane).cycle()
+        self.console.request_redraw()
+
+    def action_cycle_range(self) -> None:
+        view = self.plot_view
+        self.plot_view = PlotView((view.range_index + 1) % len(RANGES), view.by_time)
+        self.console.request_redraw()
+
+    def action_toggle_axis(self) -> None:
+        self.plot_view = PlotView(self.plot_view.range_index, not self.plot_view.by_time)
+        self.console.request_redraw()
+
+    def action_toggle_heat(self) -> None:
+        self.query_one(GpuHeatmap).toggle_value()
+        self.console.request_redraw()
+
+    def action_run_details(self) -> None:
+        state = self.console.state
+        self.app.push_screen(RunDetailsScreen(state.start, state.run_id))
+
+    def action_checkpoints(self) -> None:
+        screen = CheckpointsScreen(self.console.state.checkpoints)
+        self.app.push_screen(screen)
+        self.run_worker(self._list_checkpoints(screen), group="status", name="checkpoints")
+
+    async def _list_checkpoints(self, screen: CheckpointsScreen) -> None:
+        """The box's own listing beside the stream's lines (pruned or partial ones too)."""
+        try:
+            reply = await self.console.session.status()
+        except Exception as exc:  # shown in the screen, never raised
+            screen.show_listing(None, f"dflash-train status failed: {exc}")
+            return
+        listed = reply.data.get("checkpoints") if reply.ok else None
+        if isinstance(listed, list):
+            screen.show_listing(listed, f"{len(listed)} on the box (dflash-train status)")
+        elif reply.ok:
+            screen.show_listing(None, "dflash-train status lists no checkpoints")
+        else:
+            screen.show_listing(None, f"dflash-train status: {reply.error}")
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen(read_only=self.console.read_only))

@@ -1,72 +1,86 @@
-"""The loss pane: loss over the steps (log scale and smoothing toggles keep days of training
-readable), with the latest accuracy and expected acceptance length tau."""
+"""The metrics pane: one metric's whole-run history at a time, cycled with `v` (loss, accuracy,
+tau, grad norm, learning rate, Ktok/s, stage times, drafter starved), over the range and x
+axis chosen with `z` and `x`; log scale and smoothed-only toggles keep days readable."""
 
 from __future__ import annotations
-
-import math
-from collections.abc import Sequence
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
+from dflash_tui.sources.run_history import SeriesView
+from dflash_tui.sources.state import RunState
 from dflash_tui.widgets import units
+from dflash_tui.widgets.metric_plot import PLOTS, PlotChoice, PlotView, draw, series_names
 
-SMOOTHING_WINDOW = 9
-
-
-def smoothed(values: Sequence[float], window: int = SMOOTHING_WINDOW) -> list[float]:
-    """Centred moving average; the ends use the points they have."""
-    half = window // 2
-    out = []
-    for i in range(len(values)):
-        chunk = values[max(0, i - half) : i + half + 1]
-        out.append(sum(chunk) / len(chunk))
-    return out
+PANE_NUMBER = "4"
 
 
 class LossPane(Vertical):
-    BORDER_TITLE = "4 loss"
+    BORDER_TITLE = f"{PANE_NUMBER} loss"
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self.log_scale = False
-        self.smoothing = False
+        self.smoothing = False  # smoothed line only, the raw one hidden
+        self.metric = 0
+        self.drawn: dict[str, SeriesView] = {}  # what the plot shows now, by series
 
     def compose(self) -> ComposeResult:
         yield Static("", classes="pane-summary")
         yield PlotextPlot()
 
-    def show(
-        self,
-        points: Sequence[tuple[float, float]],
-        loss: float | None,
-        acc: float | None,
-        tau: float | None,
-    ) -> None:
-        modes = [name for name, on in (("log", self.log_scale), ("smooth", self.smoothing)) if on]
-        summary = (
-            f"loss [b]{units.number(loss)}[/b]   acc [b]{units.percent(acc)}[/b]   "
-            f"tau [b]{units.number(tau)}[/b]"
-            + (f"   [dim]({', '.join(modes)})[/dim]" if modes else "")
-        )
-        # One line whatever it says: no layout pass needed.
-        self.query_one(".pane-summary", Static).update(summary, layout=False)
+    @property
+    def choice(self) -> PlotChoice:
+        return PLOTS[self.metric]
+
+    def cycle(self) -> PlotChoice:
+        self.metric = (self.metric + 1) % len(PLOTS)
+        self.border_title = f"{PANE_NUMBER} {self.choice.title}"
+        return self.choice
+
+    def show(self, state: RunState, view: PlotView, width: int) -> None:
+        choice = self.choice
         plot = self.query_one(PlotextPlot)
-        plt = plot.plt
-        plt.clear_data()
-        plt.clear_figure()
-        # A log axis cannot show zero or negative values; keep only what it can draw.
-        usable = [p for p in points if p[1] > 0] if self.log_scale else list(points)
-        if usable:
-            ys = [p[1] for p in usable]
-            if self.smoothing:
-                ys = smoothed(ys)
-            if self.log_scale:
-                ys = [math.log10(y) for y in ys]
-            plt.plot([p[0] for p in usable], ys, marker="braille")
-        plt.xlabel("step")
-        if self.log_scale:
-            plt.ylabel("log10 loss")
-        plot.refresh()
+        drawn = self.drawn = draw(
+            plot,
+            state.history,
+            choice,
+            view,
+            width=width,
+            log_scale=self.log_scale,
+            smooth_only=self.smoothing,
+        )
+        modes = [name for name, on in (("log", self.log_scale), ("smooth", self.smoothing)) if on]
+        if choice.id == "loss":
+            text = (
+                f"loss [b]{units.number(state.latest('loss'))}[/b]   "
+                f"acc [b]{units.percent(state.latest('acc'))}[/b]   "
+                f"tau [b]{units.number(state.latest('tau'))}[/b]"
+            )
+        else:
+            text = (
+                "   ".join(
+                    f"{_short(name)} [b]{units.number(_newest(state, name))}[/b]"
+                    for name in series_names(state.history, choice)
+                )
+                or f"{choice.title}: [dim]nothing recorded yet[/dim]"
+            )
+            if not drawn and choice.id == "tau":
+                text += "   [dim](no eval tau recorded)[/dim]"
+        if modes:
+            text += f"   [dim]({', '.join(modes)})[/dim]"
+        # One line whatever it says: no layout pass needed.
+        self.query_one(".pane-summary", Static).update(
+            f"{text}   [dim]{view.label()}[/dim]", layout=False
+        )
+
+
+def _short(name: str) -> str:
+    return name.removeprefix("stage.")
+
+
+def _newest(state: RunState, name: str) -> float | None:
+    series = state.history.series.get(name)
+    return None if series is None else series.last

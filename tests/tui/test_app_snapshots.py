@@ -67,3 +67,31 @@ def test_launch_form_with_a_refused_field(snap_compare, fixed_place: Path) -> No
 
     app = attached_app(fixed_place, read_only=False)
     assert snap_compare(app, terminal_size=SIZE, run_before=refuse_lr)
+
+
+LONG_STEPS = 20_000
+
+
+def test_main_screen_with_a_long_run(  # type: ignore[no-untyped-def]
+    snap_compare, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 20,000 steps (2 h 47 min at 0.5 s a step) arrive as the box's summary: every plot
+    # and the GPU history span step 0 to now, with a line at each checkpoint.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    write_stream(tmp_path / "run", LONG_STEPS)
+
+    async def long_loaded(pilot: Pilot[None]) -> None:
+        app = pilot.app
+        assert isinstance(app, DflashApp)
+        await wait_until(pilot, lambda: app.state.step == LONG_STEPS - 1)
+        app.request_redraw()
+        await pilot.pause(0.3)
+
+    app, _ = console_app(Path("run"), clock=lambda: T0 + 3 * 3600.0)
+    try:
+        assert snap_compare(app, terminal_size=SIZE, run_before=long_loaded)
+    finally:
+        monkeypatch.undo()
+        time.tzset()

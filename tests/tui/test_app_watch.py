@@ -8,12 +8,16 @@ from pathlib import Path
 import pytest
 
 from dflash_tui.keymap import KEYMAP, MUTATING_ACTIONS
+from dflash_tui.screens.checkpoints_screen import CheckpointsScreen
 from dflash_tui.screens.help import HelpScreen
 from dflash_tui.screens.line_viewer import LineViewer
 from dflash_tui.screens.main import MainScreen
+from dflash_tui.screens.run_details import RunDetailsScreen
 from dflash_tui.sources.session import ReadOnlyError
 from dflash_tui.widgets.header import RunHeader
 from tests.tui.console_harness import attached, make_run_dir, wait_for_controls
+
+VIEWS = (HelpScreen, LineViewer, RunDetailsScreen, CheckpointsScreen)
 
 
 async def test_every_key_in_watch_mode_sends_nothing_mutating(tmp_path: Path) -> None:
@@ -28,7 +32,7 @@ async def test_every_key_in_watch_mode_sends_nothing_mutating(tmp_path: Path) ->
                 continue
             await pilot.press(entry.key)
             await pilot.pause()
-            if isinstance(app.screen, (HelpScreen, LineViewer)):  # views, not actions
+            if isinstance(app.screen, VIEWS):  # views, not actions
                 await pilot.press("escape")
                 await pilot.pause()
             assert app.screen is main, f"{entry.key}: opened {app.screen!r} in watch mode"
@@ -44,4 +48,5 @@ async def test_every_key_in_watch_mode_sends_nothing_mutating(tmp_path: Path) ->
         assert not titles & {"Launch", "Restart", "Stop", "Min-ready"}
         assert "Pause" in titles
     assert transport.mutating() == []
-    assert transport.subcommands() == ["tail", "logs"]  # L reads train.log: not mutating
+    # L reads train.log, c asks `status` for the checkpoints: neither mutates.
+    assert transport.subcommands() == ["tail", "logs", "status"]

@@ -1,0 +1,128 @@
+"""The checkpoints screen (`c`): every checkpoint of the run, from the stream's `checkpoint`
+lines and from the box's own listing (`dflash-train status`): step, when, size, how long
+the save took, and whether it is complete, still on disk or pruned."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Static
+
+from dflash_train.protocol import StatusLine
+
+COLUMNS = ("step", "written", "size", "save s", "state", "path")
+
+
+@dataclass(frozen=True)
+class CheckpointRow:
+    step: int
+    t: float | None
+    size_bytes: int | None
+    seconds: float | None
+    state: str  # complete | incomplete | pruned | saved (the box has not answered yet)
+    path: str
+
+    def cells(self) -> tuple[str, ...]:
+        when = "–" if self.t is None else time.strftime("%m-%d %H:%M:%S", time.localtime(self.t))
+        size = "–" if self.size_bytes is None else _size(self.size_bytes)
+        seconds = "–" if self.seconds is None else f"{self.seconds:.1f}"
+        return (f"{self.step:,}", when, size, seconds, self.state, self.path)
+
+
+def _size(count: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if count < 1024 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024  # type: ignore[assignment]
+    return f"{count} B"
+
+
+def checkpoint_rows(
+    stream: Sequence[StatusLine], listed: Sequence[Mapping[str, Any]] | None
+) -> list[CheckpointRow]:
+    """One row per step, newest first. `listed` is the box's listing (None: not asked yet
+    or not answered): a checkpoint the stream announced that the box no longer has was
+    pruned (the trainer keeps the newest K)."""
+    on_box = {int(c["step"]): c for c in listed or () if isinstance(c.get("step"), int)}
+    rows: dict[int, CheckpointRow] = {}
+    for line in stream:
+        step = int(line["step"])
+        found = on_box.get(step)
+        state = "saved" if listed is None else "pruned" if found is None else _state(found)
+        rows[step] = CheckpointRow(
+            step, line.t, _int(found, "size_bytes"), line.get("seconds"), state, line["path"]
+        )
+    for step, found in on_box.items():
+        if step not in rows:
+            written = found.get("written_at")
+            rows[step] = CheckpointRow(
+                step,
+                float(written) if isinstance(written, (int, float)) else None,
+                _int(found, "size_bytes"),
+                None,
+                _state(found),
+                str(found.get("path", "")),
+            )
+    return [rows[step] for step in sorted(rows, reverse=True)]
+
+
+def _state(found: Mapping[str, Any]) -> str:
+    return "complete" if found.get("complete") else "incomplete"
+
+
+def _int(found: Mapping[str, Any] | None, key: str) -> int | None:
+    value = None if found is None else found.get(key)
+    return value if isinstance(value, int) else None
+
+
+class CheckpointsScreen(ModalScreen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,c,q", "close", "Close")]
+
+    def __init__(self, stream: Sequence[StatusLine]) -> None:
+        super().__init__()
+        self.stream = list(stream)
+        self.listed: list[Mapping[str, Any]] | None = None
+        self.note = "asking the box (dflash-train status)…"
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog checkpoints-dialog"):
+            yield Static("Checkpoints", classes="dialog-title")
+            yield Static(self.note, id="checkpoints-note", classes="form-hint")
+            yield DataTable(id="checkpoints-table", cursor_type="row", zebra_stripes=True)
+            yield Static("escape closes this screen", classes="form-hint")
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns(*COLUMNS)
+        self.fill()
+
+    def show_listing(self, listed: Sequence[Mapping[str, Any]] | None, note: str) -> None:
+        """The box's answer: its listing, or None with why there is none."""
+        self.listed = None if listed is None else list(listed)
+        self.note = note
+        if self.is_mounted:
+            self.query_one("#checkpoints-note", Static).update(note)
+            self.fill()
+
+    @property
+    def rows(self) -> list[CheckpointRow]:
+        return checkpoint_rows(self.stream, self.listed)
+
+    def fill(self) -> None:
+        table = self.query_one(DataTable)
+        table.clear()
+        rows = self.rows
+        for row in rows:
+            table.add_row(*row.cells())
+        if not rows:
+            self.query_one("#checkpoints-note", Static).update(f"{self.note} — none yet")
+
+    def action_close(self) -> None:
+        self.dismiss(None)

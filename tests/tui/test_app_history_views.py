@@ -1,0 +1,107 @@
+"""The whole-run views, driven by Pilot on a real run directory through the real
+`dflash-train` commands: `z` ranges, `x` steps or time, `v` metrics, `h` GPU heat, `i` run
+details, `c` checkpoints."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from rich.console import Console
+from textual.widgets import DataTable, Static
+
+from dflash_tui.screens.checkpoints_screen import CheckpointsScreen
+from dflash_tui.screens.run_details import RunDetailsScreen, run_details
+from dflash_tui.widgets.gpu_heatmap import GpuHeatmap
+from dflash_tui.widgets.loss_plot import LossPane
+from dflash_tui.widgets.metric_plot import PLOTS
+from dflash_tui.widgets.throughput_plot import ThroughputPane
+from tests.tui.console_harness import attached, make_run_dir, wait_until
+from tests.tui.synthetic_stream import T0
+
+# 0.5 s a step: 37.5 minutes, so the last-10-minutes range holds the newest 1,200 steps.
+STEPS = 4500
+SUMMARY_BUCKET = 32
+
+
+def summary(pane: LossPane | ThroughputPane) -> str:
+    return str(pane.query_one(".pane-summary", Static).render())
+
+
+async def test_z_x_v_and_h_change_what_the_plots_and_the_gpu_history_show(
+    tmp_path: Path,
+) -> None:
+    async with attached(make_run_dir(tmp_path, STEPS), steps=STEPS) as (app, pilot, _):
+        loss = app.screen.query_one(LossPane)
+        throughput = app.screen.query_one(ThroughputPane)
+        await wait_until(pilot, lambda: "loss" in loss.drawn)
+        assert loss.drawn["loss"].xs[0] == 0 and loss.drawn["loss"].last_x == STEPS - 1
+        assert "whole run · steps" in summary(loss)
+
+        seen = []
+        for _ in range(3):  # z: last 6 h, last 1 h, last 10 min
+            await pilot.press("z")
+            await wait_until(pilot, lambda: app.screen.plot_view.range_name in summary(loss))
+            seen.append((app.screen.plot_view.range_name, loss.drawn["loss"].xs[0]))
+        assert [name for name, _ in seen] == ["last 6 h", "last 1 h", "last 10 min"]
+        assert seen[0][1] == 0 and seen[1][1] == 0  # the run is younger than an hour
+        # Right after attach the past is the box's summary (400 points a series: buckets of
+        # 32 steps here), so the range starts at the first summary point in its 10 minutes.
+        ten_minutes_ago = STEPS - 1200
+        assert ten_minutes_ago <= seen[2][1] < ten_minutes_ago + 2 * SUMMARY_BUCKET
+        assert throughput.drawn["ktok_s"].xs[0] == seen[2][1]
+
+        await pilot.press("x")  # wall time on the x axis
+        await wait_until(pilot, lambda: "last 10 min · time" in summary(loss))
+        last_t = T0 + 30 + (STEPS - 1) * 0.5
+        assert loss.drawn["loss"].last_x == last_t
+        assert last_t - 600 <= loss.drawn["loss"].xs[0] < last_t - 600 + SUMMARY_BUCKET
+        await pilot.press("z", "x")  # back to the whole run, in steps
+        await wait_until(pilot, lambda: "whole run · steps" in summary(loss))
+        assert loss.drawn["loss"].xs[0] == 0
+
+        titles, summaries = [], {}
+        for choice in PLOTS[1:]:  # v: every metric in turn
+            await pilot.press("v")
+            await wait_until(pilot, lambda c=choice: loss.choice is c and loss.drawn is not None)
+            app.request_redraw()
+            await pilot.pause(0.1)
+            titles.append(loss.border_title)
+            summaries[choice.id] = summary(loss)
+            if choice.id in ("acc", "grad_norm", "lr", "ktok_s", "starved"):
+                assert loss.drawn[choice.series[0]].xs[0] == 0, choice
+        assert titles == [f"4 {c.title}" for c in PLOTS[1:]]
+        assert "nothing recorded yet" in summaries["stages"]  # no profile lines here
+        await pilot.press("v")
+        assert loss.choice.id == "loss"
+
+        heatmap = app.screen.query_one(GpuHeatmap)
+        rows = str(heatmap.render()).splitlines()
+        assert len(rows) == 9 and rows[5].split()[:2] == ["5", "drafter"]
+        await pilot.press("h")
+        await wait_until(pilot, lambda: "power" in str(heatmap.border_title))
+        assert heatmap.value == "power_w"
+
+
+async def test_i_shows_the_run_details_and_c_lists_its_checkpoints(tmp_path: Path) -> None:
+    async with attached(make_run_dir(tmp_path, STEPS), steps=STEPS) as (app, pilot, transport):
+        await pilot.press("i")
+        assert isinstance(app.screen, RunDetailsScreen)
+        console = Console(width=120, record=True, file=io.StringIO())
+        console.print(run_details(app.screen.start, app.screen.run_id))
+        text = console.export_text()
+        for expected in ("Qwen/Qwen3-8B", "batches_per_epoch", "750", "drafter_gpus", "800000"):
+            assert expected in text, expected
+        await pilot.press("escape")
+        assert not isinstance(app.screen, RunDetailsScreen)
+
+        await pilot.press("c")
+        screen = app.screen
+        assert isinstance(screen, CheckpointsScreen)
+        await wait_until(pilot, lambda: "asking" not in screen.note)
+        assert "status" in transport.subcommands()
+        table = screen.query_one(DataTable)
+        assert [table.get_row_at(i)[0] for i in range(table.row_count)] == ["4,000", "2,000"]
+        assert [row.state for row in screen.rows] == ["saved", "saved"]
+        await pilot.press("escape")
+        assert not isinstance(app.screen, CheckpointsScreen)
