@@ -38,7 +38,7 @@ REFRESH_HZ = 2.0
 NOTES_KEPT = 2000
 # The run's events the events screen can scroll back through (the pane shows the newest).
 EVENTS_KEPT = 5000
-# An alert's toast stays until dismissed (x, or a click); a reply's goes after a while.
+# An alert's toast stays until dismissed (d, or a click); a reply's goes after a while.
 ALERT_TOAST_S = 7 * 24 * 3600.0
 REPLY_TOAST_S = 8.0
 # How often a silent or crashed run is checked with `dflash-train status`.
@@ -220,6 +220,7 @@ class DflashApp(App[None]):
 
     def _on_connection(self, state: ConnectionState) -> None:
         self.connection = state.status
+        self.alerts.on_connection(state.status)
         if state.status == "reconnecting":
             self.note("warning", f"reconnecting in {state.next_in:.0f} s: {state.reason}", "conn")
         elif state.status == "no_run":

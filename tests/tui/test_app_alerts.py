@@ -117,6 +117,6 @@ async def follow_every_cause(app, *, pilot_size, writer, now, run_dir) -> None: 
         assert all(e.startswith("\x1b]9;dflash: ") and "\x1b]777;notify;" in e
                    for e in app.escapes_written)  # fmt: skip
         # Dismissed: the toasts go, the badge says the run's state again.
-        await pilot.press("x")
+        await pilot.press("d")
         await pilot.pause()
         assert not app._notifications and "CRASHED" in badge(app)
