@@ -220,6 +220,7 @@ class DflashApp(App[None]):
 
     def _on_connection(self, state: ConnectionState) -> None:
         self.connection = state.status
+        self.alerts.on_connection(state.status)
         if state.status == "reconnecting":
             self.note("warning", f"reconnecting in {state.next_in:.0f} s: {state.reason}", "conn")
         elif state.status == "no_run":

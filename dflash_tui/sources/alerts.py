@@ -16,6 +16,7 @@ from dflash_train.protocol import Reply, StatusLine
 CHANNELS = ("bell", "toast", "osc")
 DEFAULT_CHANNELS: tuple[str, ...] = ("bell", "toast")
 LOST_AFTER_S = 60.0
+SETTLE_S = 5.0
 
 # cause -> (title, the header badge's word); the order is the badge's precedence.
 CAUSES: dict[str, tuple[str, str]] = {
@@ -66,6 +67,7 @@ class AlertTracker:
         self.active: dict[str, Alert] = {}  # what the header names now
         self._armed_out: set[str] = set()  # causes that already alerted and have not cleared
         self._was_connected = False
+        self._connected_since: float | None = None
         self._lost_since: float | None = None
 
     # -- inputs ------------------------------------------------------------------------
@@ -97,15 +99,23 @@ class AlertTracker:
         text = f"the trainer of run {run} is gone without ending its stream"
         return self._raise("crash", text + (f"; train.log: {last}" if last else ""))
 
+    def on_connection(self, status: str) -> None:
+        if status != "connected":
+            self._connected_since = None
+        elif self._connected_since is None:
+            self._connected_since = self.clock()
+
     def check(self, run_state: str, connection: str, now: float | None = None) -> list[Alert]:
         """Conditions that last: call on every redraw tick."""
         now = self.clock() if now is None else now
         out: list[Alert] = []
-        if run_state == "stalled" and connection == "connected":
+        # Just (re)connected, the resumed stream is still catching up: not a stall yet.
+        settled = self._connected_since is not None and now - self._connected_since >= SETTLE_S
+        if run_state == "stalled" and settled:
             alert = self._raise("stall", "no line from the trainer for over a minute")
             if alert is not None:
                 out.append(alert)
-        elif connection == "connected":
+        elif run_state != "stalled" and connection == "connected":
             self._clear("stall")
         # Disconnected, silence says nothing about the trainer: the lost connection alerts.
         if connection == "connected":

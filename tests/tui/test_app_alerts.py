@@ -88,6 +88,7 @@ async def follow_every_cause(app, *, pilot_size, writer, now, run_dir) -> None: 
         now[0] += 31
         await wait_until(pilot, lambda: causes() == ["stall", "connection_lost"])
         assert "CONNECTION LOST" in badge(app)
+        writer.write("heartbeat")  # the trainer lives on meanwhile; the resume brings it
         await pilot.press("r")  # reconnect now
         await wait_until(pilot, lambda: app.connection == "connected")
 
