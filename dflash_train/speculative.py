@@ -1,18 +1,25 @@
 """Real speculative decoding with a DFlash drafter against the target (greedy), and the
-plain greedy loop it must reproduce token for token."""
+plain greedy loop it must reproduce token for token. Both run the target through
+CachedTarget over one preallocated KV cache, so cutting the cache back to the accepted
+prefix costs nothing, and on CUDA each fixed-width step replays a captured graph."""
 
 from __future__ import annotations
 
-import inspect
+import copy
+import dataclasses
+import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
+from dflash_train.cached_target import CachedTarget, GraphedStep, StepOutput
 from dflash_train.drafter import DFlashDrafter
 from dflash_train.targets import ResolvedTarget, Target
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -21,6 +28,7 @@ class Generation:
     target_forwards: int  # prefill included
     # Tokens each draft-verify round produced (accepted drafts + the target's bonus token).
     block_lengths: tuple[int, ...] = ()
+    seconds: float = 0.0
 
 
 def check_compatible(drafter: DFlashDrafter, target: Target | ResolvedTarget) -> None:
@@ -37,6 +45,21 @@ def check_compatible(drafter: DFlashDrafter, target: Target | ResolvedTarget) ->
             raise ValueError(f"drafter: {name} is {mine}, the target has {theirs}")
 
 
+def with_block_size(drafter: DFlashDrafter, block_size: int | None) -> DFlashDrafter:
+    """The same drafter (shared weights) drafting blocks of `block_size` tokens: a drafter
+    trained on blocks of 16 can draft 8 at a time (its block attention is bidirectional,
+    so it only sees fewer mask slots)."""
+    if block_size is None or block_size == drafter.config.block_size:
+        return drafter
+    if not 2 <= block_size <= drafter.config.block_size:
+        raise ValueError(
+            f"block_size: {block_size} outside 2..{drafter.config.block_size} (trained size)"
+        )
+    view = copy.copy(drafter)
+    view.config = dataclasses.replace(drafter.config, block_size=block_size)
+    return view
+
+
 def _cut(tokens: list[int], max_new_tokens: int, stops: set[int]) -> list[int]:
     tokens = tokens[:max_new_tokens]
     for i, token in enumerate(tokens):
@@ -45,66 +68,90 @@ def _cut(tokens: list[int], max_new_tokens: int, stops: set[int]) -> list[int]:
     return tokens
 
 
-def _new_cache(target: Target) -> Any:
-    from transformers import DynamicCache
+class Decoder:
+    """The target over one KV cache of `capacity` columns, reused prompt after prompt
+    (columns past the current length are never visible)."""
 
-    return DynamicCache(config=target.model.config)
+    def __init__(
+        self,
+        target: Target,
+        capacity: int,
+        layer_ids: Sequence[int],
+        widths: Sequence[int] = (),
+        graphs: bool | None = None,
+    ) -> None:
+        self.runner = CachedTarget(target)
+        self.cache = self.runner.new_cache(1, capacity)
+        self.layer_ids = tuple(layer_ids)
+        self.graphs: dict[int, GraphedStep] = {}
+        use = self.runner.device.type == "cuda" if graphs is None else graphs
+        if use:
+            try:
+                for n in sorted(set(widths)):
+                    self.graphs[n] = GraphedStep(self.runner, self.cache, n, self.layer_ids)
+            except (RuntimeError, torch.cuda.CudaError) as exc:  # fall back, slower
+                log.warning("CUDA graphs unavailable (%s); decoding eagerly", exc)
+                self.graphs = {}
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    def prefill(self, prompt_ids: Sequence[int]) -> StepOutput:
+        ids = torch.tensor([list(prompt_ids)], device=self.device)
+        return self.runner.forward(self.cache, ids, 0, layer_ids=self.layer_ids)
+
+    def step(self, ids: torch.Tensor, start: int) -> StepOutput:
+        """ids [1, n] at columns start..: logits of every position and their features."""
+        graph = self.graphs.get(int(ids.shape[1]))
+        if graph is not None:
+            return graph(ids, start)
+        return self.runner.forward(
+            self.cache, ids, start, layer_ids=self.layer_ids, all_logits=True
+        )
 
 
-def _cache_kwargs(target: Target, cache: Any) -> dict[str, Any]:
-    # transformers renamed `past_key_values` to `cache` (5.2x); accept either version.
-    name = "cache" if "cache" in inspect.signature(target.model.forward).parameters else None
-    return {name or "past_key_values": cache, "use_cache": True}
-
-
-def _crop(cache: Any, length: int) -> None:
-    # A negative count ("drop this many") is the form every transformers 5 release accepts.
-    excess = cache.get_seq_length() - length
-    if excess > 0:
-        cache.crop(-excess)
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 @torch.inference_mode()
-def greedy_generate(
-    target: Target, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int]
+def greedy_decode(
+    decoder: Decoder, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int]
 ) -> Generation:
-    """One token per target forward over a KV cache. No attention mask is needed (one
-    unpadded sequence), which also sidesteps SmolLM2's pad == eos trap of generate()."""
+    """One token per target forward, one unpadded sequence (so no attention mask, which
+    also sidesteps SmolLM2's pad == eos trap of generate())."""
+    started = time.perf_counter()
     stops = set(stop_ids)
-    cache = _new_cache(target)
-    ids = torch.tensor([list(prompt_ids)], device=target.device)
-    tokens: list[int] = []
-    forwards = 0
-    while len(tokens) < max_new_tokens:
-        out = target.model(input_ids=ids, **_cache_kwargs(target, cache), logits_to_keep=1)
+    out = decoder.prefill(prompt_ids)
+    forwards = 1
+    tokens = [int(out.logits[0, -1].argmax())]
+    position = len(prompt_ids)
+    while len(tokens) < max_new_tokens and tokens[-1] not in stops:
+        ids = torch.tensor([[tokens[-1]]], device=decoder.device)
+        out = decoder.step(ids, position)
         forwards += 1
-        token = int(out.logits[0, -1].argmax())
-        tokens.append(token)
-        if token in stops:
-            break
-        ids = torch.tensor([[token]], device=target.device)
-    return Generation(tuple(tokens), forwards)
-
-
-def _context(hidden_states: Sequence[torch.Tensor], layer_ids: Sequence[int]) -> torch.Tensor:
-    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+        position += 1
+        tokens.append(int(out.logits[0, -1].argmax()))
+    _sync(decoder.device)
+    return Generation(tuple(tokens), forwards, seconds=time.perf_counter() - started)
 
 
 def _draft_block(
-    drafter: DFlashDrafter, target: Target, context: torch.Tensor, anchor_token: int
+    drafter: DFlashDrafter, target: Target, context: torch.Tensor, anchor: torch.Tensor
 ) -> torch.Tensor:
     """Draft tokens for slots 1..bs-1 of the block anchored at position len(context)."""
-    device = context.device
-    anchors = torch.tensor([[context.shape[1]]], device=device)
-    block = drafter.embed_blocks(target.embed_tokens, torch.tensor([[anchor_token]], device=device))
+    anchors = torch.tensor([[context.shape[1]]], device=context.device)
+    block = drafter.embed_blocks(target.embed_tokens, anchor.view(1, 1))
     hidden = drafter(block.to(context.dtype), context, anchors)
     head: nn.Module = target.lm_head
     return head(hidden[0, 1:].to(head.weight.dtype)).argmax(dim=-1)
 
 
 @torch.inference_mode()
-def speculative_generate(
-    target: Target,
+def speculative_decode(
+    decoder: Decoder,
     drafter: DFlashDrafter,
     prompt_ids: Sequence[int],
     max_new_tokens: int,
@@ -113,29 +160,21 @@ def speculative_generate(
     """Each round: the drafter drafts a block from the target features of every accepted
     position, the target verifies the block in one forward, the longest prefix equal to the
     target's greedy choice is kept plus the target's own next token."""
+    started = time.perf_counter()
+    target = decoder.runner.target
     stops = set(stop_ids)
-    layer_ids = drafter.config.target_layer_ids
-    cache = _new_cache(target)
-    device = target.device
-    prompt = torch.tensor([list(prompt_ids)], device=device)
-    out = target.model(
-        input_ids=prompt,
-        **_cache_kwargs(target, cache),
-        output_hidden_states=True,
-        logits_to_keep=1,
-    )
+    out = decoder.prefill(prompt_ids)
     forwards = 1
-    context = _context(out.hidden_states, layer_ids)
-    tokens = [int(out.logits[0, -1].argmax())]
+    assert out.context is not None
+    context = out.context
+    anchor = out.logits[0, -1].argmax().view(1)
+    tokens = [int(anchor)]
     lengths: list[int] = []
     while len(tokens) < max_new_tokens and tokens[-1] not in stops:
         start = context.shape[1]  # position of the anchor (the last token produced)
-        anchor = tokens[-1]
         drafts = _draft_block(drafter, target, context, anchor)
-        block = torch.cat((torch.tensor([anchor], device=device), drafts))[None]
-        out = target.model(
-            input_ids=block, **_cache_kwargs(target, cache), output_hidden_states=True
-        )
+        block = torch.cat((anchor, drafts))[None]
+        out = decoder.step(block, start)
         forwards += 1
         posterior = out.logits[0].argmax(dim=-1)  # posterior[i]: the target's token at start+i+1
         agree = (drafts == posterior[:-1]).int().cumprod(dim=0)
@@ -143,14 +182,42 @@ def speculative_generate(
         new = [*drafts[:accepted].tolist(), int(posterior[accepted])]
         tokens.extend(new)
         lengths.append(len(new))
-        # Keep cache and features for the anchor and the accepted drafts; the bonus token
-        # becomes the next round's anchor and enters the cache then.
-        _crop(cache, start + accepted + 1)
-        fresh = _context(out.hidden_states, layer_ids)[:, : accepted + 1]
-        context = torch.cat((context, fresh), dim=1)
+        # Keep features for the anchor and the accepted drafts; the bonus token becomes
+        # the next round's anchor (its cache column is rewritten by the next verify).
+        assert out.context is not None
+        context = torch.cat((context, out.context[:, : accepted + 1]), dim=1)
+        anchor = posterior[accepted].view(1)
         if any(token in stops for token in new):
             break
-    return Generation(tuple(_cut(tokens, max_new_tokens, stops)), forwards, tuple(lengths))
+    _sync(decoder.device)
+    tokens = _cut(tokens, max_new_tokens, stops)
+    return Generation(tuple(tokens), forwards, tuple(lengths), time.perf_counter() - started)
+
+
+def _decoder_for(
+    target: Target, drafter: DFlashDrafter, prompt_len: int, max_new_tokens: int
+) -> Decoder:
+    size = drafter.config.block_size
+    capacity = prompt_len + max_new_tokens + size + 1
+    return Decoder(target, capacity, drafter.config.target_layer_ids, widths=(1, size))
+
+
+def greedy_generate(
+    target: Target, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int]
+) -> Generation:
+    decoder = Decoder(target, len(prompt_ids) + max_new_tokens + 1, (), widths=(1,))
+    return greedy_decode(decoder, prompt_ids, max_new_tokens, stop_ids)
+
+
+def speculative_generate(
+    target: Target,
+    drafter: DFlashDrafter,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    stop_ids: Sequence[int],
+) -> Generation:
+    decoder = _decoder_for(target, drafter, len(prompt_ids), max_new_tokens)
+    return speculative_decode(decoder, drafter, prompt_ids, max_new_tokens, stop_ids)
 
 
 @dataclass(frozen=True)
@@ -163,6 +230,40 @@ class EvalSummary:
     generated_tokens: int
     lossless: bool
     mismatches: tuple[int, ...]  # indices of prompts whose output differs from greedy
+    seconds: float = 0.0  # speculative decoding, summed over prompts
+    baseline_seconds: float = 0.0  # plain greedy decoding, summed over prompts
+    block_size: int = 0
+
+    @property
+    def speedup(self) -> float:
+        return self.baseline_seconds / self.seconds if self.seconds else 0.0
+
+
+def summarize(
+    spec: Sequence[Generation], plain: Sequence[Generation], block_size: int
+) -> EvalSummary:
+    mismatches = tuple(
+        i for i, (s, p) in enumerate(zip(spec, plain, strict=True)) if s.tokens != p.tokens
+    )
+    blocks = sum(len(s.block_lengths) for s in spec)
+    generated = sum(len(s.tokens) for s in spec)
+    forwards = sum(s.target_forwards for s in spec)
+    baseline_forwards = sum(p.target_forwards for p in plain)
+    return EvalSummary(
+        prompts=len(spec),
+        blocks=blocks,
+        tau=sum(sum(s.block_lengths) for s in spec) / blocks if blocks else 0.0,
+        tokens_per_target_forward=generated / forwards if forwards else 0.0,
+        baseline_tokens_per_target_forward=(
+            sum(len(p.tokens) for p in plain) / baseline_forwards if baseline_forwards else 0.0
+        ),
+        generated_tokens=generated,
+        lossless=not mismatches,
+        mismatches=mismatches,
+        seconds=sum(s.seconds for s in spec),
+        baseline_seconds=sum(p.seconds for p in plain),
+        block_size=block_size,
+    )
 
 
 def evaluate_prompts(
@@ -171,34 +272,30 @@ def evaluate_prompts(
     prompt_token_ids: Sequence[Sequence[int]],
     max_new_tokens: int,
     stop_ids: Sequence[int],
-) -> EvalSummary:
-    blocks = 0
-    lengths_total = 0
-    generated = 0
-    baseline_generated = 0
-    forwards = 0
-    baseline_forwards = 0
-    mismatches: list[int] = []
-    for index, prompt in enumerate(prompt_token_ids):
-        spec = speculative_generate(target, drafter, prompt, max_new_tokens, stop_ids)
-        plain = greedy_generate(target, prompt, max_new_tokens, stop_ids)
-        if spec.tokens != plain.tokens:
-            mismatches.append(index)
-        blocks += len(spec.block_lengths)
-        lengths_total += sum(spec.block_lengths)
-        generated += len(spec.tokens)
-        baseline_generated += len(plain.tokens)
-        forwards += spec.target_forwards
-        baseline_forwards += plain.target_forwards
-    return EvalSummary(
-        prompts=len(prompt_token_ids),
-        blocks=blocks,
-        tau=lengths_total / blocks if blocks else 0.0,
-        tokens_per_target_forward=generated / forwards if forwards else 0.0,
-        baseline_tokens_per_target_forward=(
-            baseline_generated / baseline_forwards if baseline_forwards else 0.0
-        ),
-        generated_tokens=generated,
-        lossless=not mismatches,
-        mismatches=tuple(mismatches),
+    block_sizes: Sequence[int] | None = None,
+) -> EvalSummary | list[EvalSummary]:
+    """Decode every prompt greedily and speculatively (batch 1, one after the other, timed)
+    and compare. With `block_sizes`, one summary per block size (greedy decoded once)."""
+    sizes = list(block_sizes) if block_sizes else [drafter.config.block_size]
+    longest = max(len(p) for p in prompt_token_ids)
+    decoder = Decoder(
+        target,
+        longest + max_new_tokens + max(sizes) + 1,
+        drafter.config.target_layer_ids,
+        widths=(1, *sizes),
     )
+    # One untimed round first: lazy CUDA/kernel initialisation is not decoding time.
+    warm = prompt_token_ids[0]
+    greedy_decode(decoder, warm, min(4, max_new_tokens), stop_ids)
+    for size in sizes:
+        view = with_block_size(drafter, size)
+        speculative_decode(decoder, view, warm, min(2 * size, max_new_tokens), stop_ids)
+    plain = [greedy_decode(decoder, p, max_new_tokens, stop_ids) for p in prompt_token_ids]
+    summaries = []
+    for size in sizes:
+        view = with_block_size(drafter, size)
+        spec = [
+            speculative_decode(decoder, view, p, max_new_tokens, stop_ids) for p in prompt_token_ids
+        ]
+        summaries.append(summarize(spec, plain, size))
+    return summaries if block_sizes else summaries[0]

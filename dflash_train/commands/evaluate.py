@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 from dflash_train import protocol
 
 if TYPE_CHECKING:
+    from dflash_train.data.conversations import Conversation
+    from dflash_train.speculative import EvalSummary
     from dflash_train.targets import ResolvedTarget
 
 
@@ -27,11 +29,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if any)")
     parser.add_argument(
         "--dtype",
-        default="auto",
-        choices=("auto", "float32", "bfloat16"),
-        help="auto: bfloat16 on CUDA, float32 on CPU. In bfloat16 a verify forward over a "
-        "block and a one-token forward round differently, so a near-tie can flip and "
-        "'lossless' can read false without a bug; float32 makes that unlikely",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="float32 (default): in bfloat16 a verify forward over a block and a one-token "
+        "forward round differently, so a near-tie can flip and 'lossless' can read false "
+        "without a bug; float32 makes that unlikely",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        action="append",
+        help="draft blocks of this size (default: the drafter's; at most that); repeat for "
+        "several, greedy is decoded once and each size is reported under by_block_size",
     )
 
 
@@ -51,7 +60,11 @@ def run(args: argparse.Namespace) -> int:
         return _fail("bad_argument", f"max_prompts: {args.max_prompts} is below 1")
     if args.max_new_tokens < 1:
         return _fail("bad_argument", f"max_new_tokens: {args.max_new_tokens} is below 1")
-    from dflash_train.data.prompts import PromptError, load_prompts
+    for size in args.block_size or ():
+        if size < 2:
+            return _fail("bad_argument", f"block_size: {size} is below 2")
+    from dflash_train.data.conversations import eval_prompt, load_conversations
+    from dflash_train.data.prompts import PromptError
     from dflash_train.targets import resolve_target
 
     try:
@@ -59,7 +72,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail("bad_target", str(exc))
     try:
-        prompts = load_prompts(args.prompts, split="eval")[: args.max_prompts]
+        prompts = [eval_prompt(c) for c in load_conversations(args.prompts, split="eval")][
+            : args.max_prompts
+        ]
     except PromptError as exc:
         return _fail("bad_prompts", str(exc))
     if not prompts:
@@ -67,20 +82,19 @@ def run(args: argparse.Namespace) -> int:
     return _evaluate(args, resolved, prompts)
 
 
-def _evaluate(args: argparse.Namespace, resolved: ResolvedTarget, prompts: list[str]) -> int:
+def _evaluate(
+    args: argparse.Namespace, resolved: ResolvedTarget, prompts: list[Conversation]
+) -> int:
     import torch
 
-    from dflash_train.data.prepare import chat_prompt_ids, stop_token_ids
+    from dflash_train.data.prepare import conversation_prompt_ids, stop_token_ids
     from dflash_train.export import load_any_drafter
     from dflash_train.speculative import check_compatible, evaluate_prompts
     from dflash_train.targets import load_target
 
     start = time.monotonic()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if args.dtype == "auto":
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    else:
-        dtype = getattr(torch, args.dtype)
+    dtype = getattr(torch, args.dtype)
     try:
         drafter = load_any_drafter(args.drafter, device, dtype).eval()
     except (ValueError, OSError) as exc:
@@ -89,25 +103,57 @@ def _evaluate(args: argparse.Namespace, resolved: ResolvedTarget, prompts: list[
         check_compatible(drafter, resolved)
     except ValueError as exc:
         return _fail("mismatch", str(exc))
+    sizes = args.block_size or [drafter.config.block_size]
+    too_big = [s for s in sizes if s > drafter.config.block_size]
+    if too_big:
+        return _fail(
+            "bad_argument",
+            f"block_size: {too_big[0]} is above the drafter's {drafter.config.block_size}",
+        )
     target = load_target(args.target_model, device, dtype)
-    ids = [chat_prompt_ids(target.tokenizer, prompt) for prompt in prompts]
+    try:
+        ids = [conversation_prompt_ids(target.tokenizer, c) for c in prompts]
+    except ValueError as exc:
+        return _fail("bad_target", str(exc))
     print(f"eval: {len(ids)} prompts, up to {args.max_new_tokens} new tokens", file=sys.stderr)
-    summary = evaluate_prompts(target, drafter, ids, args.max_new_tokens, stop_token_ids(target))
+    try:
+        summaries = evaluate_prompts(
+            target, drafter, ids, args.max_new_tokens, stop_token_ids(target), sizes
+        )
+    except ValueError as exc:  # a target CachedTarget cannot drive (hybrid)
+        return _fail("bad_target", str(exc))
+    assert isinstance(summaries, list)
+    first = summaries[0]
+    fields = _figures(first)
+    if len(summaries) > 1:
+        fields["by_block_size"] = [_figures(s) for s in summaries]
     _reply(
         protocol.reply_ok(
             "eval",
-            tau=round(summary.tau, 4),
-            tokens_per_target_forward=round(summary.tokens_per_target_forward, 4),
-            baseline_tokens_per_target_forward=round(summary.baseline_tokens_per_target_forward, 4),
-            lossless=summary.lossless,
-            mismatched_prompts=list(summary.mismatches),
-            prompts=summary.prompts,
-            blocks=summary.blocks,
-            generated_tokens=summary.generated_tokens,
-            block_size=drafter.config.block_size,
+            **fields,
+            baseline_tokens_per_target_forward=round(first.baseline_tokens_per_target_forward, 4),
+            lossless=all(s.lossless for s in summaries),
+            prompts=first.prompts,
+            greedy_seconds=round(first.baseline_seconds, 2),
             device=str(device),
             dtype=str(dtype).removeprefix("torch."),
             seconds=round(time.monotonic() - start, 2),
         )
     )
     return 0
+
+
+def _figures(summary: EvalSummary) -> dict[str, object]:
+    """One block size's figures. speedup: greedy wall time over speculative wall time,
+    both at batch 1, same target, same device."""
+    return {
+        "tau": round(summary.tau, 4),
+        "tokens_per_target_forward": round(summary.tokens_per_target_forward, 4),
+        "block_size": summary.block_size,
+        "blocks": summary.blocks,
+        "generated_tokens": summary.generated_tokens,
+        "mismatched_prompts": list(summary.mismatches),
+        "spec_seconds": round(summary.seconds, 2),
+        "speedup": round(summary.speedup, 3),
+        "lossless_at_size": summary.lossless,
+    }

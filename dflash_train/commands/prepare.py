@@ -15,14 +15,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--target-model", required=True, help="HF model dir, 'smollm2', or 'random:<preset>'"
     )
     parser.add_argument(
-        "--prompts", required=True, help="'builtin' (train split), a .txt or a .jsonl file"
+        "--prompts",
+        required=True,
+        action="append",
+        help="'builtin' (train split), a .txt file (a prompt a line), a .jsonl file of "
+        "prompts or chat data (OpenAI messages, ShareGPT or role/content conversations), or "
+        "synth:N (the target writes N prompts); end with *K to answer each K times; repeat "
+        "the flag to mix sources",
+    )
+    parser.add_argument(
+        "--responses",
+        choices=("regenerate", "keep"),
+        default="regenerate",
+        help="regenerate (default): the target writes every assistant turn given the "
+        "conversation so far; keep: the data's own assistant turns are used as they are",
     )
     parser.add_argument("--out", required=True, type=Path, help="dataset directory to write")
     parser.add_argument(
         "--samples", type=int, help="samples to write (default: one per prompt; more cycles)"
     )
     parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=16, help="prompts per generate call")
+    parser.add_argument(
+        "--batch-size", type=int, default=16, help="rows generated together (GPU: 512-2048)"
+    )
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="cpu or cuda:N")
@@ -40,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     config = PrepareConfig(
         target=args.target_model,
-        prompts=args.prompts,
+        prompts=args.prompts[0] if len(args.prompts) == 1 else tuple(args.prompts),
         out=args.out,
         samples=args.samples,
         max_new_tokens=args.max_new_tokens,
@@ -50,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         num_shards=args.num_shards,
         overwrite=args.overwrite,
+        responses=args.responses,
     )
     try:
         info = prepare_dataset(config)

@@ -1,30 +1,51 @@
-"""The target answers the prompts itself; each (prompt, answer) becomes one training sample of
-chat-template tokens with a loss mask on the answer, written atomically as an Arrow dataset
-(columns input_ids, loss_mask, and prompt_index into the loaded prompt list)."""
+"""The target answers the prompts itself; each conversation becomes one training sample of
+chat-template tokens with a loss mask on the assistant turns, written atomically as an Arrow
+dataset (columns input_ids, loss_mask, and prompt_index into the loaded prompt list).
+
+Prompts come from the built-in set, a text or JSON Lines file of chat data (see
+conversations.py), or `synth:N` (the target writes them, see synth.py); a spec ending in `*K`
+is answered K times (passes after the first sample). Multi-turn: every assistant turn is
+regenerated given the conversation so far, or (`responses="keep"`) the data's own turns are
+tokenised as they are."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
-import shutil
-import sys
-import tempfile
+import re
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dflash_train.data.chat_tokens import (
+    ChatTemplateError,
+    TurnBuilder,
+    encode,
+    kept_answer,
+    render,
+)
+from dflash_train.data.conversations import Conversation, user_turn
+from dflash_train.data.generation import Progress
+from dflash_train.data.writer import PREPARE_INFO, token_stats, write_dataset
+
 if TYPE_CHECKING:
+    from dflash_train.cached_target import CachedTarget
     from dflash_train.targets import Target
 
 log = logging.getLogger(__name__)
 
-PREPARE_INFO = "prepare.json"
+__all__ = ["PREPARE_INFO", "token_stats", "write_dataset"]  # re-exported for callers
+SYNTH_PROMPTS = "synth_prompts.jsonl"
 # Repeating a prompt greedily would repeat the answer, so passes after the first sample at
 # this temperature when the user asked for greedy.
 REPEAT_TEMPERATURE = 0.7
+RESPONSES = ("regenerate", "keep")
+# KV-cache bytes one generation batch may take: long prompts get fewer rows per batch.
+CACHE_BUDGET = {"cuda": 24 << 30, "cpu": 2 << 30}
+_REPEATS = re.compile(r"^(?P<spec>.+)\*(?P<k>\d+)$")
 
 
 class PrepareError(ValueError):
@@ -34,7 +55,7 @@ class PrepareError(ValueError):
 @dataclass(frozen=True)
 class PrepareConfig:
     target: str
-    prompts: str
+    prompts: str | tuple[str, ...]
     out: Path
     samples: int | None = None
     max_new_tokens: int = 256
@@ -44,6 +65,11 @@ class PrepareConfig:
     device: str = "cpu"
     num_shards: int = 1
     overwrite: bool = False
+    responses: str = "regenerate"
+
+    @property
+    def prompt_specs(self) -> tuple[str, ...]:
+        return (self.prompts,) if isinstance(self.prompts, str) else tuple(self.prompts)
 
     def validate(self) -> None:
         checks = [
@@ -56,6 +82,10 @@ class PrepareConfig:
         for name, ok, reason in checks:
             if not ok:
                 raise PrepareError(f"{name}: {getattr(self, name.replace('-', '_'))} {reason}")
+        if self.responses not in RESPONSES:
+            raise PrepareError(f"responses: {self.responses!r} is not one of {RESPONSES}")
+        if not self.prompt_specs:
+            raise PrepareError("prompts: none given")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise PrepareError(f"device: {self.device!r} is not cpu or cuda[:N]")
         occupied = self.out.exists() and (not self.out.is_dir() or any(self.out.iterdir()))
@@ -74,28 +104,45 @@ class Sample:
     loss_mask: list[int]
     finished: bool
     prompt_index: int = -1
+    turns: int = 1
+    turns_truncated: int = 0
 
 
 @dataclass(frozen=True)
 class Job:
-    """One sample to generate: which prompt, and in which pass over the prompts."""
+    """One sample to make: which conversation, and in which pass over the prompts."""
 
     index: int
     prompt_index: int
-    prompt: str
-    prompt_ids: list[int]
+    conversation: Conversation
     repeat: int
+
+
+@dataclass(frozen=True)
+class Source:
+    """One --prompts spec: where its conversations sit in the loaded list, how many times
+    each is answered."""
+
+    spec: str
+    start: int
+    count: int
+    repeats: int
 
 
 def chat_prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
     """The user turn rendered with the target's chat template, ending where the assistant's
     answer begins."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise PrepareError("target: its tokenizer has no chat template")
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-    )
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    try:
+        return encode(tokenizer, render(tokenizer, user_turn(prompt), generation_prompt=True))
+    except ChatTemplateError as exc:
+        raise PrepareError(str(exc)) from None
+
+
+def conversation_prompt_ids(tokenizer: Any, conversation: Conversation) -> list[int]:
+    try:
+        return encode(tokenizer, render(tokenizer, conversation, generation_prompt=True))
+    except ChatTemplateError as exc:
+        raise PrepareError(str(exc)) from None
 
 
 def stop_token_ids(target: Target) -> list[int]:
@@ -126,170 +173,187 @@ def build_sample(prompt_ids: Sequence[int], generated: Sequence[int], stops: set
     return Sample(list(prompt_ids) + answer, [0] * len(prompt_ids) + [1] * len(answer), finished)
 
 
-def generate_batch(
-    target: Target,
-    jobs: Sequence[Job],
-    *,
-    max_new_tokens: int,
-    temperature: float,
-    pad_id: int,
-    stops: list[int],
-) -> list[Sample]:
-    """Left-padded batched generation with an explicit attention mask: without it, a model
-    whose pad id equals its eos id (SmolLM2) would mask the prompt's own end-of-turn tokens."""
-    import torch
-    from transformers import GenerationConfig
+def split_repeats(spec: str) -> tuple[str, int]:
+    """`builtin*4` -> ("builtin", 4); a spec without the suffix is answered once."""
+    match = _REPEATS.match(spec)
+    if match is None:
+        return spec, 1
+    repeats = int(match["k"])
+    if repeats < 1:
+        raise PrepareError(f"prompts {spec}: *K needs K of at least 1")
+    return match["spec"], repeats
 
-    width = max(len(job.prompt_ids) for job in jobs)
-    ids = torch.full((len(jobs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(jobs), width), dtype=torch.long)
-    for row, job in enumerate(jobs):
-        ids[row, width - len(job.prompt_ids) :] = torch.tensor(job.prompt_ids)
-        mask[row, width - len(job.prompt_ids) :] = 1
-    sampling = temperature > 0
-    config = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        do_sample=sampling,
-        temperature=temperature if sampling else None,
-        top_k=0 if sampling else None,
-        top_p=1.0 if sampling else None,
-        pad_token_id=pad_id,
-        eos_token_id=stops,
-    )
-    device = target.device
-    with torch.inference_mode():
-        out = target.model.generate(
-            input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config
-        )
-    generated = out[:, width:].cpu().tolist()
-    stop_set = set(stops)
+
+def plan_jobs(
+    conversations: Sequence[Conversation], sources: Sequence[Source], samples: int | None, seed: int
+) -> list[Job]:
+    """Without `samples`: every conversation of each source, `repeats` times. With it:
+    conversations are visited in one seeded random order, cycled as often as `samples`
+    needs, so asking for fewer samples than prompts still gives a mix of every kind."""
+    import numpy as np
+
+    if samples is None:
+        jobs = []
+        for source in sources:
+            for repeat in range(source.repeats):
+                for p in range(source.start, source.start + source.count):
+                    jobs.append(Job(len(jobs), p, conversations[p], repeat))
+        return jobs
+    order = np.random.default_rng(seed).permutation(len(conversations)).tolist()
     return [
-        replace(build_sample(job.prompt_ids, gen, stop_set), prompt_index=job.prompt_index)
-        for job, gen in zip(jobs, generated, strict=True)
+        Job(i, order[i % len(order)], conversations[order[i % len(order)]], i // len(order))
+        for i in range(samples)
     ]
 
 
-def plan_jobs(tokenizer: Any, prompts: Sequence[str], samples: int, seed: int) -> list[Job]:
-    """Prompts are visited in one seeded random order, cycled as often as `samples` needs,
-    so asking for fewer samples than prompts still gives a mix of every kind of prompt."""
-    import numpy as np
-
-    order = np.random.default_rng(seed).permutation(len(prompts)).tolist()
-    rendered: dict[int, list[int]] = {}
-    jobs = []
-    for i in range(samples):
-        p = order[i % len(prompts)]
-        if p not in rendered:
-            rendered[p] = chat_prompt_ids(tokenizer, prompts[p])
-        jobs.append(Job(i, p, prompts[p], rendered[p], i // len(prompts)))
-    return jobs
+def _batches(prompts: list[list[int]], config: PrepareConfig, runner: CachedTarget | None):
+    """Index lists, longest prompts first, each within batch_size rows and the cache budget."""
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+    per_position = runner.cache_bytes_per_position() if runner is not None else 0
+    budget = CACHE_BUDGET["cuda" if config.device.startswith("cuda") else "cpu"]
+    start = 0
+    while start < len(order):
+        width = len(prompts[order[start]]) + config.max_new_tokens
+        fit = budget // max(per_position * width, 1) if per_position else config.batch_size
+        rows = max(1, min(config.batch_size, fit))
+        yield order[start : start + rows]
+        start += rows
 
 
-def run_jobs(
+def _generate(
     target: Target,
-    jobs: Sequence[Job],
+    runner: CachedTarget | None,
+    prompts: list[list[int]],
     config: PrepareConfig,
-    on_batch: Callable[[int], None],
-) -> list[Sample]:
-    """Generate every job, passes in order, each pass seeded by (seed, pass). Within a pass,
-    prompts of similar length share a batch so little of it is padding."""
+    temperature: float,
+    seed: int,
+    stops: list[int],
+    progress: Progress,
+) -> list[list[int]]:
     import torch
 
-    pad_id = target.tokenizer.pad_token_id
-    stops = stop_token_ids(target)
-    pad_id = stops[0] if pad_id is None else int(pad_id)
-    results: dict[int, Sample] = {}
-    for repeat in sorted({job.repeat for job in jobs}):
-        torch.manual_seed(config.seed * 1_000_003 + repeat)
-        temperature = config.temperature
-        if repeat > 0 and temperature == 0:
-            temperature = REPEAT_TEMPERATURE
-        pass_jobs = sorted(
-            (j for j in jobs if j.repeat == repeat), key=lambda j: -len(j.prompt_ids)
-        )
-        for start in range(0, len(pass_jobs), config.batch_size):
-            batch = pass_jobs[start : start + config.batch_size]
-            samples = generate_batch(
+    from dflash_train.data.generation import generate_rows, generate_rows_hf
+
+    answers: list[list[int]] = [[] for _ in prompts]
+    for number, rows in enumerate(_batches(prompts, config, runner)):
+        batch = [prompts[i] for i in rows]
+        if runner is not None:
+            generator = torch.Generator(device=runner.device)
+            generator.manual_seed(seed * 1_000_003 + number)
+            out = generate_rows(
+                runner,
+                batch,
+                max_new_tokens=config.max_new_tokens,
+                stop_ids=stops,
+                temperature=temperature,
+                generator=generator,
+                on_tokens=progress.add_tokens,
+            )
+        else:
+            torch.manual_seed(seed * 1_000_003 + number)
+            out = generate_rows_hf(
                 target,
                 batch,
                 max_new_tokens=config.max_new_tokens,
+                stop_ids=stops,
                 temperature=temperature,
-                pad_id=pad_id,
-                stops=stops,
             )
-            results.update((job.index, s) for job, s in zip(batch, samples, strict=True))
-            on_batch(len(batch))
-    return [results[job.index] for job in jobs]
+            progress.add_tokens(sum(map(len, out)))
+        for i, answer in zip(rows, out, strict=True):
+            answers[i] = answer
+        progress.bar.update(len(batch))
+    return answers
 
 
-def token_stats(samples: Sequence[Sample]) -> dict[str, Any]:
-    lengths = [len(s.input_ids) for s in samples]
-    answers = [sum(s.loss_mask) for s in samples]
-    return {
-        "samples": len(samples),
-        "finished": sum(s.finished for s in samples),
-        "truncated": sum(not s.finished for s in samples),
-        "tokens": sum(lengths),
-        "answer_tokens": sum(answers),
-        "min_length": min(lengths),
-        "max_length": max(lengths),
-        "mean_length": round(sum(lengths) / len(lengths), 2),
-        "mean_answer_tokens": round(sum(answers) / len(answers), 2),
-    }
-
-
-def write_dataset(samples: Sequence[Sample], out: Path, info: dict[str, Any], shards: int) -> None:
-    """Save to a temp dir beside `out`, then rename: a reader never sees half a dataset, and
-    an existing `out` (only replaced with --overwrite) survives any failure before the swap."""
-    import datasets
-
-    features = datasets.Features(
-        {
-            "input_ids": datasets.List(datasets.Value("int32")),
-            "loss_mask": datasets.List(datasets.Value("int8")),
-            "prompt_index": datasets.Value("int32"),
-        }
-    )
-    table = datasets.Dataset.from_dict(
-        {
-            "input_ids": [s.input_ids for s in samples],
-            "loss_mask": [s.loss_mask for s in samples],
-            "prompt_index": [s.prompt_index for s in samples],
-        },
-        features=features,
-    )
-    out = out.absolute()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+def run_jobs(
+    target: Target, runner: CachedTarget | None, jobs: Sequence[Job], config: PrepareConfig
+) -> list[Sample]:
+    """Make every job's sample, passes in order, each seeded by (seed, pass, turn, batch).
+    Turn r of every conversation of a pass is generated together, given its turns < r."""
+    tokenizer = target.tokenizer
+    stops = stop_token_ids(target)
+    stop_set = set(stops)
+    keep = config.responses == "keep"
+    builders = {job.index: TurnBuilder(tokenizer, job.conversation) for job in jobs}
+    if keep:
+        for job in jobs:
+            builder = builders[job.index]
+            builder.points = [p for p in builder.points if p < len(job.conversation)]
+            if not builder.points:
+                raise PrepareError(
+                    f"responses keep: conversation {job.prompt_index + 1} has no assistant turn"
+                )
+    total = sum(len(b.points) for b in builders.values())
+    progress = Progress(0 if keep else total, "prepare")
     try:
-        # datasets' own progress bar would interleave with ours on stderr.
-        quiet = datasets.utils.are_progress_bars_disabled()
-        datasets.utils.disable_progress_bars()
-        try:
-            table.save_to_disk(str(tmp), num_shards=min(shards, len(samples)))
-        finally:
-            if not quiet:
-                datasets.utils.enable_progress_bars()
-        (tmp / PREPARE_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-        tmp.chmod(0o755)
-        if out.exists():
-            old = out.with_name(f".{out.name}.replaced-{os.getpid()}")
-            os.rename(out, old)
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        for repeat in sorted({job.repeat for job in jobs}):
+            temperature = config.temperature
+            if repeat > 0 and temperature == 0:
+                temperature = REPEAT_TEMPERATURE
+            pass_jobs = [builders[j.index] for j in jobs if j.repeat == repeat]
+            for rank in range(max(len(b.points) for b in pass_jobs)):
+                active = [b for b in pass_jobs if rank < len(b.points)]
+                if keep:
+                    for b in active:
+                        point = b.points[rank]
+                        b.prompt_ids(point)
+                        b.add_answer(point, *kept_answer(tokenizer, b, point, stops))
+                    continue
+                prompts = [b.prompt_ids(b.points[rank]) for b in active]
+                seed = (config.seed * 1_009 + repeat) * 1_013 + rank
+                answers = _generate(
+                    target, runner, prompts, config, temperature, seed, stops, progress
+                )
+                for b, answer in zip(active, answers, strict=True):
+                    finished = bool(answer) and answer[-1] in stop_set
+                    body = answer[:-1] if finished else answer
+                    stop = tokenizer.decode(answer[-1:]) if finished else ""
+                    b.add_answer(b.points[rank], answer, tokenizer.decode(body), stop)
+    except ChatTemplateError as exc:
+        raise PrepareError(str(exc)) from None
+    finally:
+        progress.close()
+    samples = []
+    for job in jobs:
+        b = builders[job.index]
+        samples.append(
+            Sample(
+                b.ids,
+                b.mask,
+                all(b.turns_finished),
+                job.prompt_index,
+                turns=len(b.turns_finished),
+                turns_truncated=b.turns_finished.count(False),
+            )
+        )
+    return samples
+
+
+def _load_sources(
+    specs: Sequence[str],
+) -> tuple[list[tuple[str, int, int | None]], list[Conversation | None]]:
+    """Parse every spec and load the file/builtin ones now, so a bad file fails before the
+    target loads. Returns (spec, repeats, synth count) per source and the loaded lists."""
+    from dflash_train.data.conversations import load_conversations
+    from dflash_train.data.synth import parse_spec
+
+    parsed = []
+    loaded: list[Any] = []
+    for raw in specs:
+        spec, repeats = split_repeats(raw)
+        count = parse_spec(spec)
+        parsed.append((spec, repeats, count))
+        loaded.append(None if count is not None else load_conversations(spec, "train"))
+    return parsed, loaded
 
 
 def prepare_dataset(config: PrepareConfig, *, target: Target | None = None) -> dict[str, Any]:
     """Run the whole prepare and return what was written into prepare.json. `target` lets a
     caller that already holds the loaded model skip a second load."""
     import torch
-    from tqdm import tqdm
 
-    from dflash_train.data.prompts import load_prompts
+    from dflash_train.cached_target import CachedTarget, supports
+    from dflash_train.data.synth import SynthError, synthesize_prompts
     from dflash_train.targets import load_target, resolve_target
 
     config.validate()
@@ -299,36 +363,69 @@ def prepare_dataset(config: PrepareConfig, *, target: Target | None = None) -> d
         raise PrepareError(str(exc)) from None
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise PrepareError(f"device: {config.device} requested but CUDA is not available")
-    prompts = load_prompts(config.prompts, "train")
-    samples = config.samples or len(prompts)
+    try:
+        parsed, loaded = _load_sources(config.prompt_specs)
+    except SynthError as exc:
+        raise PrepareError(str(exc)) from None
     started = time.monotonic()
     if target is None:
         dtype = torch.bfloat16 if config.device.startswith("cuda") else torch.float32
         target = load_target(config.target, config.device, dtype)
-    loaded = time.monotonic()
-    jobs = plan_jobs(target.tokenizer, prompts, samples, config.seed)
-    with tqdm(total=samples, desc="prepare", unit="sample", file=sys.stderr) as bar:
-        results = run_jobs(target, jobs, config, bar.update)
+    runner = CachedTarget(target) if supports(target) else None
+    loaded_at = time.monotonic()
+    extra_files: dict[str, str] = {}
+    conversations: list[Conversation] = []
+    sources: list[Source] = []
+    for (spec, repeats, count), items in zip(parsed, loaded, strict=True):
+        if items is None:
+            assert count is not None
+            if runner is None:
+                raise PrepareError(f"prompts {spec}: synthesis needs a self-attention target")
+            progress = Progress(0, f"synth {count}")
+            try:
+                prompts = synthesize_prompts(
+                    runner,
+                    count,
+                    seed=config.seed,
+                    stop_ids=stop_token_ids(target),
+                    batch_size=config.batch_size,
+                    on_tokens=progress.add_tokens,
+                )
+            except SynthError as exc:
+                raise PrepareError(str(exc)) from None
+            finally:
+                progress.close()
+            extra_files[SYNTH_PROMPTS] = "".join(json.dumps({"prompt": p}) + "\n" for p in prompts)
+            items = [user_turn(p) for p in prompts]
+        sources.append(Source(spec, len(conversations), len(items), repeats))
+        conversations.extend(items)
+    synthesized = time.monotonic()
+    jobs = plan_jobs(conversations, sources, config.samples, config.seed)
+    results = run_jobs(target, runner, jobs, config)
     generated = time.monotonic()
     stats = token_stats(results)
-    passes = (samples + len(prompts) - 1) // len(prompts)
+    passes = max(job.repeat for job in jobs) + 1
     repeats_sampled = passes > 1 and config.temperature == 0
     info: dict[str, Any] = {
         "target": config.target,
         "prompts": config.prompts,
-        "prompt_count": len(prompts),
+        "prompt_count": len(conversations),
+        "sources": [asdict(s) for s in sources],
         "passes": passes,
         # Set when passes after the first sampled although greedy was asked for.
         "repeat_temperature": REPEAT_TEMPERATURE if repeats_sampled else None,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
         "stats": stats,
         "seconds": {
-            "load": round(loaded - started, 2),
-            "generate": round(generated - loaded, 2),
+            "load": round(loaded_at - started, 2),
+            "synthesize": round(synthesized - loaded_at, 2),
+            "generate": round(generated - synthesized, 2),
         },
-        "answer_tokens_per_s": round(stats["answer_tokens"] / max(generated - loaded, 1e-9), 1),
+        "answer_tokens_per_s": round(
+            stats["answer_tokens"] / max(generated - synthesized, 1e-9), 1
+        ),
         "created": time.time(),
     }
-    write_dataset(results, config.out, info, config.num_shards)
+    write_dataset(results, config.out, info, config.num_shards, extra_files)
     log.info("wrote %d samples (%d tokens) to %s", stats["samples"], stats["tokens"], config.out)
     return info

@@ -1,0 +1,129 @@
+"""Collect one quality run's replies into result.json, the step records into an excerpt, and
+draw the loss / teacher-forced tau / held-out tau curve (matplotlib if present, else
+plotext's text plot is saved instead).
+
+    python bench/quality/write_result.py --work W --out OUT
+    (reads W/prepare.json, W/eval.json, W/curve.json, W/ngram.json, W/run/status.jsonl)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+DATA_FIELDS = ("prompts", "sources", "passes", "stats", "seconds", "answer_tokens_per_s")
+
+
+def _json(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8").strip().splitlines()
+        return json.loads(text[-1]) if text else None
+    except (OSError, ValueError):
+        return None
+
+
+def step_records(status: Path) -> list[dict[str, Any]]:
+    records = []
+    try:
+        lines = status.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return records
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("kind") == "step":
+            records.append(record)
+    return records
+
+
+def plot(steps: list[dict[str, Any]], curve: list[dict[str, Any]], path: Path) -> str:
+    xs = [r["step"] for r in steps]
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no matplotlib"
+    fig, left = plt.subplots(figsize=(8, 4.5), dpi=110)
+    left.plot(xs, [r["loss"] for r in steps], color="tab:red", label="train loss")
+    left.set_xlabel("step")
+    left.set_ylabel("loss", color="tab:red")
+    right = left.twinx()
+    right.plot(
+        xs, [r["tau"] for r in steps], color="tab:blue", alpha=0.6, label="tau (teacher-forced)"
+    )
+    if curve:
+        right.plot(
+            [p["step"] for p in curve], [p["tau"] for p in curve], "o-", color="tab:green",
+            label="tau (held-out, real decoding)",
+        )  # fmt: skip
+    right.set_ylabel("tau (block 16)")
+    lines = left.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+    labels = left.get_legend_handles_labels()[1] + right.get_legend_handles_labels()[1]
+    left.legend(lines, labels, loc="center right")
+    left.set_title("SmolLM2-135M-Instruct drafter on one H200")
+    fig.tight_layout()
+    fig.savefig(path)
+    return "matplotlib"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--work", required=True, type=Path)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--commands", type=Path, help="the commands that ran, one a line")
+    args = parser.parse_args()
+    work, out = args.work, args.out
+    prepare = _json(work / "prepare.json") or {}
+    evaluation = _json(work / "eval.json") or {}
+    curve = (_json(work / "curve.json") or {}).get("points", [])
+    ngram = _json(work / "ngram.json") or {}
+    steps = step_records(work / "run" / "status.jsonl")
+    by_size = {b["block_size"]: b for b in evaluation.get("by_block_size", [])}
+    last = steps[-1] if steps else {}
+    tail = steps[-10:]
+    slot_acc = None
+    if tail and tail[0].get("slot_acc"):
+        width = len(tail[0]["slot_acc"])
+        slot_acc = [round(sum(r["slot_acc"][j] for r in tail) / len(tail), 4) for j in range(width)]
+    result = {
+        "tau": evaluation.get("tau"),
+        "tau_block8": by_size.get(8, {}).get("tau"),
+        "lossless": evaluation.get("lossless"),
+        "prompts": evaluation.get("prompts"),
+        "max_new_tokens": 256,
+        "tokens_per_target_forward": evaluation.get("tokens_per_target_forward"),
+        "tokens_per_target_forward_block8": by_size.get(8, {}).get("tokens_per_target_forward"),
+        "speedup": evaluation.get("speedup"),
+        "speedup_block8": by_size.get(8, {}).get("speedup"),
+        "greedy_seconds": evaluation.get("greedy_seconds"),
+        "spec_seconds": evaluation.get("spec_seconds"),
+        "train_tokens": last.get("tokens"),
+        "steps": last.get("step"),
+        "final_loss": last.get("loss"),
+        "teacher_forced_tau": last.get("tau"),
+        "teacher_forced_slot_acc_last10": slot_acc,
+        "ngram_slot_acc": ngram.get("ngram_slot_acc"),
+        "heldout_tau_curve": curve,
+        "data": {k: prepare.get(k) for k in DATA_FIELDS},
+        "eval": evaluation,
+    }  # fmt: skip
+    if args.commands and args.commands.is_file():
+        result["commands"] = args.commands.read_text(encoding="utf-8").splitlines()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "result.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    excerpt = [r for i, r in enumerate(steps) if i % 2 == 0 or i == len(steps) - 1]
+    (out / "status_steps.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in excerpt), encoding="utf-8"
+    )
+    print(json.dumps({"plot": plot(steps, curve, out / "curve.png"), "tau": result["tau"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

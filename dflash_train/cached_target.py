@@ -1,0 +1,273 @@
+"""The target's forward over a preallocated KV cache, for batched generation and for
+speculative decoding: no per-step cache objects, no `generate()` loop, and "cutting the cache
+back" to an accepted prefix is only a smaller start position for the next write.
+
+It drives the HF model's own modules (embedding, norms, projections, MLPs, rotary embedding,
+lm_head) and replaces only the attention's cache handling, so any Llama- or Qwen3-family
+decoder (q/k norms used when present) runs through it; `supports(target)` says whether one
+does. Rows of a batch are left-padded: every row writes the same cache column at each step,
+and `key_valid` hides each row's padding."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from dflash_train.targets import Target
+
+
+def supports(target: Target) -> bool:
+    """A decoder of self-attention layers with q/k/v/o projections (not a hybrid of
+    linear-attention layers, whose recurrent state cannot be cut back)."""
+    layers = target.layers
+    return all(
+        hasattr(layer, "self_attn") and hasattr(layer.self_attn, "q_proj") for layer in layers
+    ) and hasattr(target.backbone, "rotary_emb")
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+@dataclass
+class KVCache:
+    """keys/values [layers, batch, kv_heads, capacity, head_dim]; key_valid [batch, capacity]
+    is False on each row's left padding."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    key_valid: torch.Tensor
+
+    @property
+    def capacity(self) -> int:
+        return int(self.keys.shape[3])
+
+    def keep_rows(self, rows: torch.Tensor) -> KVCache:
+        """A cache of only `rows` (index tensor): finished sequences stop costing attention."""
+        return KVCache(
+            self.keys.index_select(1, rows),
+            self.values.index_select(1, rows),
+            self.key_valid.index_select(0, rows),
+        )
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    logits: torch.Tensor  # [B, n, vocab] (or [B, 1, vocab] when only the last was asked for)
+    context: torch.Tensor | None  # [B, n, k*H] hidden states of the requested layers
+
+
+class CachedTarget:
+    """Forward passes of `target` that read and extend a KVCache."""
+
+    def __init__(self, target: Target) -> None:
+        if not supports(target):
+            raise ValueError(f"target {target.spec}: its layers are not plain self-attention")
+        self.target = target
+        attn = target.layers[0].self_attn
+        config = target.model.config
+        config = getattr(config, "text_config", None) or config
+        self.num_heads = int(config.num_attention_heads)
+        self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
+        self.head_dim = int(attn.q_proj.weight.shape[0]) // self.num_heads
+        self.scale = float(getattr(attn, "scaling", self.head_dim**-0.5))
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.target.embed_tokens.weight.dtype
+
+    def cache_bytes_per_position(self) -> int:
+        """KV-cache bytes one row's one position takes (keys and values, every layer)."""
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * len(self.target.layers) * self.num_kv_heads * self.head_dim * element
+
+    def new_cache(self, batch: int, capacity: int, pad: Sequence[int] | None = None) -> KVCache:
+        shape = (len(self.target.layers), batch, self.num_kv_heads, capacity, self.head_dim)
+        keys = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        valid = torch.ones(batch, capacity, dtype=torch.bool, device=self.device)
+        if pad is not None:
+            columns = torch.arange(capacity, device=self.device)
+            lefts = torch.tensor(list(pad), device=self.device)
+            valid = columns[None, :] >= lefts[:, None]
+        return KVCache(keys, torch.zeros_like(keys), valid)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        cache: KVCache,
+        input_ids: torch.Tensor,
+        start: int,
+        *,
+        pad: torch.Tensor | None = None,
+        layer_ids: Sequence[int] = (),
+        all_logits: bool = False,
+    ) -> StepOutput:
+        """Run `input_ids` [B, n] at cache columns start..start+n-1, attending to every valid
+        column before and up to each query. `pad` [B] (left-padding per row) shifts the
+        rotary positions so each row's first real token is at position 0. Columns at or after
+        `start` hold nothing the queries can see, whatever an earlier call left there."""
+        batch, n = input_ids.shape
+        end = start + n
+        if end > cache.capacity:
+            raise ValueError(f"cache: {end} columns needed, capacity {cache.capacity}")
+        target = self.target
+        device = input_ids.device
+        columns = torch.arange(start, end, device=device)
+        positions = columns[None, :].expand(batch, n)
+        if pad is not None:
+            positions = (positions - pad[:, None]).clamp_min(0)
+        hidden = target.embed_tokens(input_ids)
+        cos, sin = target.backbone.rotary_emb(hidden, positions)
+        cos, sin = cos[:, None], sin[:, None]
+        keys_seen = torch.arange(end, device=device)
+        causal = keys_seen[None, :] <= columns[:, None]  # [n, end]
+        # A padded query still sees itself, so its (unused) output is finite rather than NaN.
+        mask = (cache.key_valid[:, None, :end] & causal[None]) | (
+            keys_seen[None, None, :] == columns[None, :, None]
+        )
+        mask = mask[:, None]  # [B, 1, n, end]
+        wanted = set(layer_ids)
+        captured: dict[int, torch.Tensor] = {}
+        last = len(target.layers) - 1
+        for index, layer in enumerate(target.layers):
+            residual = hidden
+            h = layer.input_layernorm(hidden)
+            hidden = residual + self._attention(
+                layer.self_attn, h, cache, index, start, cos, sin, mask
+            )
+            residual = hidden
+            hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
+            if index in wanted and index != last:
+                captured[index] = hidden
+        normed = target.backbone.norm(hidden)
+        if last in wanted:
+            captured[last] = normed  # hidden_states[L] is taken after the final norm
+        head_input = normed if all_logits else normed[:, -1:]
+        logits = target.lm_head(head_input)
+        context = torch.cat([captured[i] for i in layer_ids], dim=-1) if layer_ids else None
+        return StepOutput(logits, context)
+
+    def _attention(
+        self,
+        attn: torch.nn.Module,
+        h: torch.Tensor,
+        cache: KVCache,
+        layer: int,
+        start: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        batch, n, _ = h.shape
+        q = attn.q_proj(h).view(batch, n, self.num_heads, self.head_dim)
+        k = attn.k_proj(h).view(batch, n, self.num_kv_heads, self.head_dim)
+        v = attn.v_proj(h).view(batch, n, self.num_kv_heads, self.head_dim)
+        if hasattr(attn, "q_norm"):  # Qwen3
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        end = start + n
+        cache.keys[layer, :, :, start:end] = k
+        cache.values[layer, :, :, start:end] = v
+        out = F.scaled_dot_product_attention(
+            q,
+            cache.keys[layer, :, :, :end],
+            cache.values[layer, :, :, :end],
+            attn_mask=mask,
+            scale=self.scale,
+            enable_gqa=self.num_kv_heads != self.num_heads,
+        )
+        return attn.o_proj(out.transpose(1, 2).reshape(batch, n, -1))
+
+
+class GraphedStep:
+    """One-row forwards of a fixed width `n` at any start column, captured once as a CUDA
+    graph: a batch-1 decode step is ~1,000 small kernels, and launching them one by one from
+    Python costs more than running them. Same arithmetic as CachedTarget.forward (attention
+    runs over the whole cache with the columns past the query masked, so shapes are fixed)."""
+
+    def __init__(
+        self, runner: CachedTarget, cache: KVCache, n: int, layer_ids: Sequence[int]
+    ) -> None:
+        self.runner, self.cache, self.n, self.layer_ids = runner, cache, n, tuple(layer_ids)
+        device = runner.device
+        self.ids = torch.zeros(1, n, dtype=torch.long, device=device)
+        self.start = torch.zeros((), dtype=torch.long, device=device)
+        self.graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream(device=device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.inference_mode(), torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up outside the graph (allocator, lazy inits)
+                self._run()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        with torch.inference_mode(), torch.cuda.graph(self.graph):
+            self.out = self._run()
+
+    def _run(self) -> StepOutput:
+        runner, cache, n = self.runner, self.cache, self.n
+        target = runner.target
+        capacity = cache.capacity
+        columns = self.start + torch.arange(n, device=self.ids.device)
+        positions = columns[None, :]
+        hidden = target.embed_tokens(self.ids)
+        cos, sin = target.backbone.rotary_emb(hidden, positions)
+        cos, sin = cos[:, None], sin[:, None]
+        keys_seen = torch.arange(capacity, device=self.ids.device)
+        mask = (keys_seen[None, :] <= columns[:, None])[None, None]  # [1, 1, n, capacity]
+        captured = {}
+        last = len(target.layers) - 1
+        for index, layer in enumerate(target.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(hidden)
+            q = attn.q_proj(h).view(1, n, runner.num_heads, runner.head_dim)
+            k = attn.k_proj(h).view(1, n, runner.num_kv_heads, runner.head_dim)
+            v = attn.v_proj(h).view(1, n, runner.num_kv_heads, runner.head_dim)
+            if hasattr(attn, "q_norm"):
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            cache.keys[index].index_copy_(2, columns, k)
+            cache.values[index].index_copy_(2, columns, v)
+            out = F.scaled_dot_product_attention(
+                q,
+                cache.keys[index],
+                cache.values[index],
+                attn_mask=mask,
+                scale=runner.scale,
+                enable_gqa=runner.num_kv_heads != runner.num_heads,
+            )
+            hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(1, n, -1))
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            if index in self.layer_ids and index != last:
+                captured[index] = hidden
+        normed = target.backbone.norm(hidden)
+        if last in self.layer_ids:
+            captured[last] = normed
+        logits = target.lm_head(normed)
+        context = (
+            torch.cat([captured[i] for i in self.layer_ids], dim=-1) if self.layer_ids else None
+        )
+        return StepOutput(logits, context)
+
+    def __call__(self, input_ids: torch.Tensor, start: int) -> StepOutput:
+        if start + self.n > self.cache.capacity:
+            raise ValueError(
+                f"cache: {start + self.n} columns needed, capacity {self.cache.capacity}"
+            )
+        self.ids.copy_(input_ids.view(1, self.n))
+        self.start.fill_(start)
+        self.graph.replay()
+        context = None if self.out.context is None else self.out.context.clone()
+        return StepOutput(self.out.logits.clone(), context)

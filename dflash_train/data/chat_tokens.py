@@ -1,0 +1,100 @@
+"""Token ids and loss masks of a conversation, built turn by turn so each assistant turn can
+be the target's own answer (regenerated) or the data's text (kept): the chat template is
+rendered for every prefix, the text between turns is tokenised as the template writes it,
+and only assistant turns (up to and including their end-of-turn token) get loss."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dflash_train.data.conversations import Conversation, Message
+
+
+class ChatTemplateError(ValueError):
+    """The target's chat template cannot be split into turns (one line, for the operator)."""
+
+
+def render(tokenizer: Any, messages: Sequence[Message], generation_prompt: bool) -> str:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ChatTemplateError("target: its tokenizer has no chat template")
+    return tokenizer.apply_chat_template(
+        [m.as_dict() for m in messages], add_generation_prompt=generation_prompt, tokenize=False
+    )
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+
+def answer_points(conversation: Conversation) -> list[int]:
+    """Message indices where an assistant turn is (or, after a final user turn, would go)."""
+    points = [i for i, m in enumerate(conversation) if m.role == "assistant"]
+    if conversation[-1].role != "assistant":
+        points.append(len(conversation))
+    return points
+
+
+class TurnBuilder:
+    """One sample under construction. Call `prompt_ids(point)` then `add_answer(...)` for
+    each answer point in order."""
+
+    def __init__(self, tokenizer: Any, conversation: Conversation) -> None:
+        self.tokenizer = tokenizer
+        self.messages = list(conversation)
+        self.points = answer_points(conversation)
+        self.ids: list[int] = []
+        self.mask: list[int] = []
+        self.turns_finished: list[bool] = []
+        self._consumed = ""  # the rendered text already turned into self.ids
+        self._start = ""  # the rendering up to the pending answer
+        self._pending: list[int] = []
+
+    def prompt_ids(self, point: int) -> list[int]:
+        """Everything before the assistant turn at `point`, ending with the template's
+        assistant header."""
+        text = render(self.tokenizer, self.messages[:point], generation_prompt=True)
+        if not text.startswith(self._consumed):
+            raise ChatTemplateError(
+                "target: its chat template renders earlier turns differently once later turns "
+                "are added; multi-turn samples cannot be built from it"
+            )
+        self._start = text
+        self._pending = encode(self.tokenizer, text[len(self._consumed) :])
+        return self.ids + self._pending
+
+    def add_answer(self, point: int, answer_ids: Sequence[int], content: str, stop: str) -> None:
+        """Append the pending glue (no loss) and the answer (loss). `content` is the answer's
+        text without its end-of-turn token, `stop` that token's text ('' if it was cut)."""
+        self.ids += self._pending
+        self.mask += [0] * len(self._pending)
+        self.ids += list(answer_ids)
+        self.mask += [1] * len(answer_ids)
+        self.turns_finished.append(bool(stop))
+        message = Message("assistant", content)
+        if point < len(self.messages):
+            self.messages[point] = message
+        else:
+            self.messages.append(message)
+        full = render(self.tokenizer, self.messages[: point + 1], generation_prompt=False)
+        expected = self._start + content + stop
+        if not full.startswith(expected):
+            raise ChatTemplateError(
+                "target: its chat template does not write assistant turns verbatim after the "
+                "generation prompt; multi-turn samples cannot be built from it"
+            )
+        self._consumed = expected
+        self._pending = []
+
+
+def kept_answer(tokenizer: Any, builder: TurnBuilder, point: int, stop_ids: Sequence[int]):
+    """The data's own assistant turn at `point`: its tokens plus the end-of-turn token the
+    template writes after it (ids, content, stop text)."""
+    content = builder.messages[point].content
+    full = render(tokenizer, builder.messages[: point + 1], generation_prompt=False)
+    rest = full[len(builder._start) + len(content) :]
+    for stop_id in stop_ids:
+        stop = tokenizer.decode([stop_id])
+        if stop and rest.startswith(stop):
+            return [*encode(tokenizer, content), int(stop_id)], content, stop
+    return encode(tokenizer, content), content, ""

@@ -1,0 +1,103 @@
+"""Prompt synthesis for users without data (`--prompts synth:N`): the target itself writes
+user turns. Its chat template is rendered up to where the user's text begins, the target
+samples from there until its end-of-turn token, and distinct prompts are kept until N are
+found. Seeded: the same seed, target and device give the same prompts."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from dflash_train.cached_target import CachedTarget
+from dflash_train.data.chat_tokens import encode
+from dflash_train.data.generation import generate_rows
+
+PREFIX = "synth:"
+TEMPERATURE = 1.0
+MAX_PROMPT_TOKENS = 64
+MIN_PROMPT_CHARS = 12
+MAX_ROUNDS = 12
+_MARK = "\x00dflash-user-text\x00"
+
+
+class SynthError(ValueError):
+    """A one-line reason synthesis cannot run or did not find enough prompts."""
+
+
+def parse_spec(spec: str) -> int | None:
+    """N of `synth:N`, or None when `spec` is not a synth spec."""
+    if not spec.startswith(PREFIX):
+        return None
+    text = spec.removeprefix(PREFIX)
+    if not text.isdigit() or int(text) < 1:
+        raise SynthError(f"prompts {spec}: expected synth:N with N a positive integer")
+    return int(text)
+
+
+def user_turn_prefix(tokenizer: Any) -> list[int]:
+    """The template's tokens up to where a user's text starts (system turn included where
+    the template adds a default one)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise SynthError("target: its tokenizer has no chat template")
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": _MARK}], add_generation_prompt=False, tokenize=False
+    )
+    if _MARK not in text:
+        raise SynthError("target: its chat template does not write the user's text verbatim")
+    return encode(tokenizer, text[: text.index(_MARK)])
+
+
+def _key(prompt: str) -> str:
+    return re.sub(r"\s+", " ", prompt.strip().lower())
+
+
+def synthesize_prompts(
+    runner: CachedTarget,
+    count: int,
+    *,
+    seed: int,
+    stop_ids: Sequence[int],
+    batch_size: int,
+    on_tokens: Callable[[int], None] | None = None,
+) -> list[str]:
+    """`count` distinct prompts (whitespace- and case-insensitively), each a finished user
+    turn of at least MIN_PROMPT_CHARS characters, in the order they were found."""
+    tokenizer = runner.target.tokenizer
+    prefix = user_turn_prefix(tokenizer)
+    stops = set(int(s) for s in stop_ids)
+    found: dict[str, str] = {}
+    for round_index in range(MAX_ROUNDS):
+        missing = count - len(found)
+        if missing <= 0:
+            break
+        # Ask for more than missing: some come back duplicated, unfinished or too short.
+        asked = max(8, int(missing * 1.3) + 8)
+        generator = torch.Generator(device=runner.device)
+        generator.manual_seed(seed * 1_000_003 + 7_919 * round_index + 1)
+        for start in range(0, asked, batch_size):
+            rows = min(batch_size, asked - start)
+            for tokens in generate_rows(
+                runner,
+                [prefix] * rows,
+                max_new_tokens=MAX_PROMPT_TOKENS,
+                stop_ids=stop_ids,
+                temperature=TEMPERATURE,
+                generator=generator,
+                on_tokens=on_tokens,
+            ):
+                if not tokens or tokens[-1] not in stops:
+                    continue  # cut at the length limit: not a whole prompt
+                prompt = tokenizer.decode(tokens[:-1], skip_special_tokens=True).strip()
+                key = _key(prompt)
+                if len(prompt) >= MIN_PROMPT_CHARS and key not in found:
+                    found[key] = prompt
+    prompts = list(found.values())[:count]
+    if len(prompts) < count:
+        raise SynthError(
+            f"prompts synth:{count}: only {len(prompts)} distinct prompts after {MAX_ROUNDS} "
+            "rounds of sampling; ask for fewer"
+        )
+    return prompts
