@@ -114,8 +114,8 @@ log "train: $STEPS steps, save every $SAVE, ${TRAIN_S}s"
 cmd timeout "$TRAIN_S" $DT train --target-model "$TARGET" --data-dir "$W/data" \
   --output-dir "$W/run" --target-gpus "$GPUS" --drafter-gpus "$GPUS" \
   --draft-layers "${LAYERS:-2}" --target-layers "${CTX_LAYERS:-2}" --block-size 16 \
-  --num-anchors "${ANCHORS:-128}" --tokens-per-batch "${TPB:-16384}" --max-length 1024 \
-  --lr "${LR:-2e-3}" --warmup-ratio 0.04 --epochs 1000 --max-steps "$STEPS" \
+  --num-anchors "${ANCHORS:-128}" --tokens-per-batch "${TPB:-8192}" --max-length 1024 \
+  --lr "${LR:-3e-3}" --warmup-ratio 0.04 --epochs 1000 --max-steps "$STEPS" \
   --save-every "$SAVE" --keep-checkpoints 100 --log-every 5 --seed 0 >"$W/train.out" 2>&1
 log "train rc $? ; $(grep -c '"kind":"step"' "$W/run/status.jsonl" 2>/dev/null) step records"
 tail -5 "$W/train.out" | cut -c1-400 >>"$OUT/log.txt"

@@ -163,3 +163,19 @@ def test_cli_eval_refuses_a_drafter_of_another_target(tmp_path: Path) -> None:
     )
     assert code == 2 and reply.error_code == "mismatch"
     assert reply.error == "drafter: hidden_size is 32, the target has 64"
+
+
+def test_smaller_blocks_and_timings_from_one_greedy_pass(smollm2: Target) -> None:
+    """A drafter trained on blocks of 4 drafts 2 at a time too; greedy is decoded once for
+    both sizes, and each summary carries the wall time of both decodings."""
+    from dflash_train.speculative import with_block_size
+
+    ids = [chat_prompt_ids(smollm2.tokenizer, "Say OK.")]
+    drafter = _random_drafter(smollm2)
+    summaries = evaluate_prompts(smollm2, drafter, ids, 6, stop_token_ids(smollm2), [4, 2])
+    assert isinstance(summaries, list) and [s.block_size for s in summaries] == [4, 2]
+    assert all(s.lossless and s.seconds > 0 and s.baseline_seconds > 0 for s in summaries)
+    assert summaries[0].baseline_seconds == summaries[1].baseline_seconds
+    assert with_block_size(drafter, 2).config.block_size == 2 and drafter.config.block_size == 4
+    with pytest.raises(ValueError, match=r"block_size: 8 outside 2\.\.4"):
+        with_block_size(drafter, 8)
