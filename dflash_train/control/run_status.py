@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_train import checkpoint_layout, protocol
+from dflash_train.control.checkpoint_list import checkpoint_list
 from dflash_train.control.tail import read_envelope
 from dflash_train.rundir import RunDir, lock_holder_pid, lock_is_held, read_json
 
@@ -132,6 +133,8 @@ def run_status(
     }
     # Where this run's checkpoints are, and those (and exports) of earlier runs in the dir.
     info |= checkpoint_layout.run_layout(run_dir.root, info["run_id"])
+    # Each of this run's checkpoints, complete or not, for the console's list.
+    info["checkpoint_list"] = checkpoint_list(run_dir.root, info["run_id"])
     if held:
         since = started_at if fresh_launch else (last.t if last else started_at)
         quiet = now - since if isinstance(since, (int, float)) else 0.0

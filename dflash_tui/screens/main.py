@@ -139,7 +139,7 @@ class MainScreen(Screen[None]):
         except Exception as exc:  # shown in the screen, never raised
             screen.show_listing(None, f"dflash-train status failed: {exc}")
             return
-        listed = reply.data.get("checkpoints") if reply.ok else None
+        listed = reply.data.get("checkpoint_list") if reply.ok else None
         if isinstance(listed, list):
             screen.show_listing(listed, f"{len(listed)} on the box (dflash-train status)")
         elif reply.ok:

@@ -5,6 +5,7 @@ details, `c` checkpoints."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 from rich.console import Console
@@ -17,7 +18,7 @@ from dflash_tui.widgets.loss_plot import LossPane
 from dflash_tui.widgets.metric_plot import PLOTS
 from dflash_tui.widgets.throughput_plot import ThroughputPane
 from tests.tui.console_harness import attached, make_run_dir, wait_until
-from tests.tui.synthetic_stream import T0
+from tests.tui.synthetic_stream import RUN_ID, T0
 
 # 0.5 s a step: 37.5 minutes, so the last-10-minutes range holds the newest 1,200 steps.
 STEPS = 4500
@@ -83,8 +84,22 @@ async def test_z_x_v_and_h_change_what_the_plots_and_the_gpu_history_show(
         assert heatmap.value == "power_w"
 
 
+def checkpoint_folders(run_dir: Path) -> None:
+    """On the box: step 4,000 complete, step 2,000 pruned since, step 4,400 half written."""
+    folder = run_dir / "checkpoints" / RUN_ID
+    done = folder / "step_0004000"
+    done.mkdir(parents=True)
+    (done / "drafter.safetensors").write_bytes(b"w" * 3000)
+    marker = {"step": 4000, "files": {"drafter.safetensors": 3000}, "written_at": T0 + 2030}
+    (done / "complete").write_text(json.dumps(marker))
+    (folder / "step_0004400").mkdir()
+    (folder / "step_0004400" / "drafter.safetensors").write_bytes(b"w" * 100)
+
+
 async def test_i_shows_the_run_details_and_c_lists_its_checkpoints(tmp_path: Path) -> None:
-    async with attached(make_run_dir(tmp_path, STEPS), steps=STEPS) as (app, pilot, transport):
+    run_dir = make_run_dir(tmp_path, STEPS)
+    checkpoint_folders(run_dir)
+    async with attached(run_dir, steps=STEPS) as (app, pilot, transport):
         await pilot.press("i")
         assert isinstance(app.screen, RunDetailsScreen)
         console = Console(width=120, record=True, file=io.StringIO())
@@ -100,8 +115,11 @@ async def test_i_shows_the_run_details_and_c_lists_its_checkpoints(tmp_path: Pat
         assert isinstance(screen, CheckpointsScreen)
         await wait_until(pilot, lambda: "asking" not in screen.note)
         assert "status" in transport.subcommands()
+        assert "2 on the box" in screen.note
         table = screen.query_one(DataTable)
-        assert [table.get_row_at(i)[0] for i in range(table.row_count)] == ["4,000", "2,000"]
-        assert [row.state for row in screen.rows] == ["saved", "saved"]
+        rows = [table.get_row_at(i) for i in range(table.row_count)]
+        assert [row[0] for row in rows] == ["4,400", "4,000", "2,000"]
+        assert [row.state for row in screen.rows] == ["incomplete", "complete", "pruned"]
+        assert rows[1][2] == "3.0 KB" and rows[1][3] == "4.2"  # size on the box (marker too), save s
         await pilot.press("escape")
         assert not isinstance(app.screen, CheckpointsScreen)
