@@ -38,12 +38,14 @@ class FleetApp(App[str]):
         *,
         theme: str | None = None,
         config_writer: Callable[[Profile], None] = add_profile,
+        last_opened: str | None = None,
     ) -> None:
         super().__init__()
         self.fleet = fleet
         self.wanted_theme = theme
         self.config_writer = config_writer
-        self.problem: str | None = None
+        # The row whose dashboard was open last: the cursor comes back to it.
+        self.last_opened = last_opened
 
     def on_mount(self) -> None:
         for theme in themes.load_themes():
@@ -114,9 +116,10 @@ async def run_fleet(
     """Fleet, dashboard, fleet, ... until the operator quits. `run_app` runs one app to its
     end (tests drive it with Pilot); by default it is the app's own `run_async`."""
     run = run_app or (lambda app: app.run_async())
+    name: str | None = None
     try:
         while True:
-            chooser = FleetApp(fleet, theme=theme)
+            chooser = FleetApp(fleet, theme=theme, last_opened=name)
             await run(chooser)
             name = chooser.return_value
             if name is None:

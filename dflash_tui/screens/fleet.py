@@ -24,6 +24,7 @@ COLUMNS = (
     "profile", "host", "run", "state", "epoch", "step", "ETA", "Ktok/s", "loss", "τ",
     "GPU °C", "updated", "alerts",
 )  # fmt: skip
+PROBLEM_WIDTH = 40
 FLEET_BADGE_STYLE = {**BADGE_STYLE, "unreachable": "error", "no run": "secondary"}
 
 
@@ -40,7 +41,13 @@ def row_cells(view: RowView, colours: dict[str, str]) -> list[Text | str]:
     alerts = Text(str(view.alerts), style=f"bold {colours['error']}") if view.alerts else "0"
     updated = "–" if view.age_s is None else f"{units.duration(view.age_s)} ago"
     if view.problem and view.badge in ("unreachable", "no run"):
-        updated = Text(view.problem, style="dim", overflow="ellipsis")
+        # The reason in brief; the whole of it is on the dashboard (Enter).
+        problem = (
+            view.problem
+            if len(view.problem) <= PROBLEM_WIDTH
+            else view.problem[: PROBLEM_WIDTH - 1] + "…"
+        )
+        updated = Text(problem, style="dim")
     return [
         name,
         view.host,
@@ -60,7 +67,8 @@ def row_cells(view: RowView, colours: dict[str, str]) -> list[Text | str]:
 
 class FleetScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("enter", "open", "Open", id="fleet.open"),
+        # Priority: shown in the footer over the table's own (hidden) Enter.
+        Binding("enter", "open", "Open", priority=True, id="fleet.open"),
         Binding("slash", "filter", "Filter", key_display="/", id="fleet.filter"),
         Binding("a", "add", "Add profile", id="fleet.add"),
         Binding("escape", "clear_filter", "Clear filter", show=False, id="fleet.clear"),
@@ -74,7 +82,8 @@ class FleetScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Static(id="fleet-title")
         table: DataTable[Text | str] = DataTable(id="fleet-table", cursor_type="row")
-        table.add_columns(*COLUMNS)
+        self._columns = table.add_columns(*COLUMNS)
+        self._shown: list[str] = []
         yield table
         yield Input(placeholder="filter: profile, host, run id or state", id="fleet-filter")
         yield Footer()
@@ -92,14 +101,22 @@ class FleetScreen(Screen[None]):
         views = self.console.fleet.views()
         shown = [v for v in views if v.matches(self.filter_text)]
         table = self.query_one(DataTable)
-        current = self.selected()
         colours = self.console.colours()
-        table.clear()
-        for view in shown:
-            table.add_row(*row_cells(view, colours), key=view.name)
         names = [v.name for v in shown]
-        if current in names:
-            table.move_cursor(row=names.index(current), animate=False)
+        if names == self._shown:
+            # Same rows in the same order: new cells in place, the cursor left alone (a
+            # rebuild would race with the operator's arrow keys).
+            for view in shown:
+                for column, cell in zip(self._columns, row_cells(view, colours), strict=True):
+                    table.update_cell(view.name, column, cell)
+        else:
+            current = self.selected() or self.console.last_opened
+            table.clear()
+            for view in shown:
+                table.add_row(*row_cells(view, colours), key=view.name)
+            self._shown = names
+            if current in names:
+                table.move_cursor(row=names.index(current), animate=False)
         trouble = sum(1 for v in views if v.badge in ("crashed", "stalled", "unreachable"))
         title = Text(" dflash fleet ", style=f"bold reverse {colours['primary']}")
         title.append(f"  {len(views)} profiles", style="bold")
@@ -121,6 +138,9 @@ class FleetScreen(Screen[None]):
         self.action_open()
 
     def action_open(self) -> None:
+        if self.focused is self.query_one("#fleet-filter", Input):
+            self._filter_done()  # Enter in the filter box ends the typing
+            return
         name = self.selected()
         if name is not None:
             self.console.open_dashboard(name)

@@ -175,11 +175,12 @@ class FleetRow:
         state = self.state
         status = self.status or {}
         badge = self.badge(now, reachable)
-        connection = "connected" if reachable is not False else "failed"
+        connection = {True: "connected", False: "failed"}.get(reachable, "connecting")
         self.alerts.check("stalled" if badge == "stalled" else badge, connection, now)
         temps = [g.get("temp_c") for g in state.gpus]
         hottest = max((t for t in temps if isinstance(t, (int, float))), default=None)
         step = state.step if state.step is not None else status.get("last_step")
+        total = state.total_steps or status.get("total_steps")
         return RowView(
             name=self.name,
             host=self.link.key.label,
@@ -188,8 +189,8 @@ class FleetRow:
             epoch=state.epoch,
             epochs=state.epochs,
             step=step,
-            total_steps=state.total_steps or status.get("total_steps"),
-            eta_s=state.eta_s if badge == "running" else None,
+            total_steps=total,
+            eta_s=_eta(state.steps_per_s, step, total) if badge == "running" else None,
             ktok_s=state.latest("ktok_s"),
             loss=state.latest("loss"),
             tau=state.latest("tau"),
@@ -213,6 +214,13 @@ class FleetRow:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
+
+
+def _eta(steps_per_s: float | None, step: object, total: object) -> float | None:
+    """The tail rarely reaches back to run_start: the total comes from `status` then."""
+    if not steps_per_s or not isinstance(step, int) or not isinstance(total, int):
+        return None
+    return max(0.0, (total - step) / steps_per_s)
 
 
 class HostWatch:

@@ -73,6 +73,7 @@ async def test_rows_trouble_first_and_filter(local_fleet_dirs: dict[str, Path]) 
             assert views["live"].badge == "running" and views["empty"].badge == "no run"
             assert views["live"].total_steps == 3000 and views["live"].ktok_s == 12.5
             assert views["live"].hottest_c == 60.0 and views["live"].loss is not None
+            assert views["live"].eta_s is not None and views["old"].eta_s is None
             assert views["old"].alerts == 1  # the box says its trainer is gone
             await pilot.pause(0.6)
             assert table_names(app) == ["old", "live", "empty"]  # trouble first
@@ -137,7 +138,8 @@ async def test_enter_opens_the_dashboard_read_only_and_escape_comes_back(
         async with app.run_test(size=(160, 48)) as pilot:
             if isinstance(app, FleetApp):
                 if seen:
-                    seen.append("fleet again")
+                    await wait_until(pilot, lambda: "live" in table_names(app))
+                    seen.append(f"fleet again at {app.screen.selected()}")
                     await pilot.press("q")
                     return
                 await wait_until(pilot, lambda: "live" in table_names(app))
@@ -160,7 +162,7 @@ async def test_enter_opens_the_dashboard_read_only_and_escape_comes_back(
         assert await run_fleet(fleet, run_app=drive) == 0
     finally:
         await fleet.close()
-    assert seen == ["dashboard live: local", "fleet again"]
+    assert seen == ["dashboard live: local", "fleet again at live"]  # the cursor came back
     assert BACK == "fleet"
 
 
