@@ -108,7 +108,7 @@ class FleetScreen(Screen[None]):
             # rebuild would race with the operator's arrow keys).
             for view in shown:
                 for column, cell in zip(self._columns, row_cells(view, colours), strict=True):
-                    table.update_cell(view.name, column, cell)
+                    table.update_cell(view.name, column, cell, update_width=True)
         else:
             current = self.selected() or self.console.last_opened
             table.clear()

@@ -96,6 +96,7 @@ class FleetRow:
         self.status: Mapping[str, Any] | None = None
         self.status_error: str | None = None
         self.status_at: float | None = None
+        self.status_broken = False
         self.fresh_at: float | None = None  # arrival of the newest line past the status
         self.session = RowSession(
             link.view(profile),
@@ -130,10 +131,14 @@ class FleetRow:
         now = self.clock()
         if reply.ok:
             self.status, self.status_error, self.status_at = reply.data, None, now
+            self.status_broken = False
             self.fresh_at = None
             self.alerts.on_status(reply)
         elif reply.error_code not in UNREACHABLE_CODES:
             self.status, self.status_error, self.status_at = None, reply.error, now
+            # Only a missing run dir means "no run"; anything else (no dflash-train on the
+            # box, a bad argument) keeps the run out of reach.
+            self.status_broken = reply.error_code != "run_dir_missing"
         return reply
 
     def cursor_from_status(self) -> tuple[str, int] | None:
@@ -160,7 +165,9 @@ class FleetRow:
         if state.end is not None and state.run_id == (status or {}).get("run_id"):
             return "crashed" if state.end["reason"] == "error" else "finished"
         if status is None:
-            return "no run" if self.status_error is not None else "connecting"
+            if self.status_error is None:
+                return "connecting"
+            return "unreachable" if self.status_broken else "no run"
         verdict = status.get("state")
         if verdict == "not_started":
             return "no run"
@@ -197,7 +204,7 @@ class FleetRow:
             hottest_c=hottest,
             age_s=self.age(now),
             alerts=len(self.alerts.active),
-            problem=problem if badge == "unreachable" else self.status_error,
+            problem=(problem or self.status_error) if badge == "unreachable" else self.status_error,
             read_only=self.profile.watch,
         )
 

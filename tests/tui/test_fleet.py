@@ -59,7 +59,10 @@ def table_names(app: FleetApp) -> list[str]:
 
 
 async def test_rows_trouble_first_and_filter(local_fleet_dirs: dict[str, Path]) -> None:
-    fleet = Fleet(local_profiles(local_fleet_dirs), status_every=0.5, backoff=FAST)
+    # A box without the trainer where the profile says: out of reach, and why.
+    broken = Profile("broken", run_dir=str(local_fleet_dirs["live"]), python="/no/python")
+    profiles = [*local_profiles(local_fleet_dirs), broken]
+    fleet = Fleet(profiles, status_every=0.5, backoff=FAST)
     app = FleetApp(fleet)
     try:
         async with app.run_test(size=(180, 20)) as pilot:
@@ -75,8 +78,10 @@ async def test_rows_trouble_first_and_filter(local_fleet_dirs: dict[str, Path]) 
             assert views["live"].hottest_c == 60.0 and views["live"].loss is not None
             assert views["live"].eta_s is not None and views["old"].eta_s is None
             assert views["old"].alerts == 1  # the box says its trainer is gone
+            assert views["broken"].badge == "unreachable"
+            assert "no reply (exit 127)" in (views["broken"].problem or "")
             await pilot.pause(0.6)
-            assert table_names(app) == ["old", "live", "empty"]  # trouble first
+            assert table_names(app) == ["old", "broken", "live", "empty"]  # trouble first
             first = views["live"].step
             await wait_until(pilot, lambda: (by_name(fleet.views())["live"].step or 0) > first)
 
@@ -86,7 +91,7 @@ async def test_rows_trouble_first_and_filter(local_fleet_dirs: dict[str, Path]) 
             await pilot.press("enter")  # leaves the filter box, keeps the filter
             assert table_names(app) == ["live"]
             await pilot.press("escape")
-            assert table_names(app) == ["old", "live", "empty"]
+            assert table_names(app) == ["old", "broken", "live", "empty"]
     finally:
         await fleet.close()
 
