@@ -26,8 +26,8 @@ class ReplayApp(DflashApp):
         Binding("right", "move('step', 1)", "step ▶", priority=True, id="replay.forward"),
         Binding("[", "move('mark', -1)", "◀ mark", priority=True, id="replay.mark_back"),
         Binding("]", "move('mark', 1)", "mark ▶", priority=True, id="replay.mark_forward"),
-        Binding("home", "move('start', -1)", "start", priority=True, id="replay.start"),
-        Binding("end", "move('end', 1)", "end", priority=True, id="replay.end"),
+        Binding("home", "move('start', -1)", "first", priority=True, id="replay.start"),
+        Binding("end", "move('end', 1)", "last", priority=True, id="replay.end"),
     ]
 
     def __init__(

@@ -121,8 +121,10 @@ def check_destination(destination: Sequence[str]) -> None:
     args = parser.parse_args(list(destination))
     if args.where == "demo":
         raise cli.UsageError("serve: the demo launches a run; serve a real destination")
-    if cli.wants_fleet(args):
-        return
+    if args.where is None and cli.wants_fleet(args):
+        # The fleet hands over to a dashboard by ending one app and starting the next,
+        # which a browser session would see as its end.
+        raise cli.UsageError("serve: give a destination (a profile or a host), not the fleet")
     profile = cli.choose_profile(args, cli.exec_prefix(args))
     cli.check_theme(profile.theme)
 

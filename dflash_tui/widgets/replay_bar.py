@@ -36,7 +36,8 @@ def render_cursor(facts: CursorFacts, colours: dict[str, str]) -> Text:
 
 
 class ReplayBar(Static):
-    DEFAULT_CSS = "ReplayBar { height: 1; dock: bottom; background: $panel; }"
+    # Not docked: the footer docks at the bottom, and two docked bars would overlap.
+    DEFAULT_CSS = "ReplayBar { height: 1; background: $panel; }"
 
     def show(self, facts: CursorFacts, colours: dict[str, str]) -> None:
         self.update(render_cursor(facts, colours), layout=False)

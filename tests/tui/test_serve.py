@@ -6,6 +6,7 @@ one line before anything listens."""
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,15 +60,21 @@ def test_the_cli_shows_a_served_console_as_watch_mode(monkeypatch: pytest.Monkey
         (["--port", "70000", "local"], "--port: 70000 is not in 1..65535"),
         (["--port", "8123", "box", "--container", "abc"], "--container: expected a numeric"),
         (["--port", "8123", "demo"], "serve: the demo launches a run"),
+        (["--port", "8123"], "serve: give a destination"),
     ],
 )
-def test_serve_refuses_bad_arguments_before_listening(argv: list[str], message: str) -> None:
+def test_serve_refuses_bad_arguments_before_listening(
+    argv: list[str], message: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "config.toml"  # profiles, no default: no destination means the fleet
+    config.write_text('[profiles.one]\nrun_dir = "/r"\n')
     done = subprocess.run(
         [sys.executable, "-m", "dflash_tui.cli", "serve", *argv],
         capture_output=True,
         text=True,
         timeout=60,
         stdin=subprocess.DEVNULL,
+        env={**os.environ, "DFLASH_CONFIG": str(config)},
     )
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert isinstance(cli.build_parser(), argparse.ArgumentParser)
