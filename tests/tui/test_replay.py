@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from textual.widgets import Footer
 
 from dflash_train import protocol
 from dflash_tui.sources.replay import ReplayError, ReplaySession, Timeline, read_stream_file
@@ -161,6 +162,8 @@ async def test_replay_app_cursor_keys_and_no_control(tmp_path: Path) -> None:
         await pilot.pause(0.6)
         assert app.state.step == 299
         bar = app.screen.query_one(ReplayBar)
+        footer = app.screen.query_one(Footer)
+        assert bar.region.height == 1 and bar.region.bottom <= footer.region.y  # seen
         shown = str(bar.render())
         assert f"line {len(timeline):,}/{len(timeline):,}" in shown and "step 299" in shown
         header = str(app.screen.query_one(RunHeader).render())
