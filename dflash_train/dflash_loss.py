@@ -73,6 +73,40 @@ def tau_from_slot_acc(acc: Sequence[float]) -> float:
     return tau
 
 
+def _ce_only(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    lf = logits.float()
+    ce = torch.logsumexp(lf, dim=-1) - lf.gather(1, labels[:, None]).squeeze(1)
+    return ce, (lf.argmax(dim=-1) == labels).float()
+
+
+def _ce_and_grad(
+    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row CE, argmax correctness and w * (softmax - onehot) in the logits' dtype, all
+    in float32 arithmetic. Compiled on CUDA (one read of the bf16 logits for the
+    reductions, one pass for the gradient); eager elsewhere, same arithmetic."""
+    lf = logits.float()
+    lse = torch.logsumexp(lf, dim=-1)
+    ce = lse - lf.gather(1, labels[:, None]).squeeze(1)
+    correct = (lf.argmax(dim=-1) == labels).float()
+    onehot = torch.arange(lf.shape[1], device=lf.device)[None, :] == labels[:, None]
+    grad = (torch.exp(lf - lse[:, None]) - onehot.float()) * weights[:, None].float()
+    return ce, correct, grad.to(logits.dtype)
+
+
+class _Compiled:
+    kernel: Any = None
+
+
+def _chunk_kernel(logits: torch.Tensor) -> Any:
+    if not logits.is_cuda or logits.shape[0] < 2:
+        return _ce_and_grad
+    if _Compiled.kernel is None:
+        # Rows dynamic from the start: the number of rows that carry loss changes per step.
+        _Compiled.kernel = torch.compile(_ce_and_grad, dynamic=True, fullgraph=True)
+    return _Compiled.kernel
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """sum_i w_i * CE(hidden_i @ W^T, label_i), with per-row CE and argmax-correctness as
     side outputs, in one pass over the logits: each row chunk's logits are made once,
@@ -101,20 +135,19 @@ class _LinearCrossEntropy(torch.autograd.Function):
         )
         ce = torch.empty(rows, dtype=torch.float32, device=hidden.device)
         correct = torch.empty(rows, dtype=torch.float32, device=hidden.device)
-        for start in range(0, rows, chunk):
-            part = slice(start, min(rows, start + chunk))
+        # Near-equal chunks, so no chunk is a lone row (a shape the compiled kernel would
+        # recompile for).
+        size = -(-rows // max(1, -(-rows // chunk))) if rows else 1
+        for start in range(0, rows, size):
+            part = slice(start, min(rows, start + size))
             h = hidden[part]
             y = labels[part]
-            logits = (h @ w.t()).float()  # bf16 products on the GPU, as lm_head() made them
-            correct[part] = (logits.argmax(dim=-1) == y).float()
-            lse = torch.logsumexp(logits, dim=-1)
-            ce[part] = lse - logits.gather(1, y[:, None]).squeeze(1)
+            logits = h @ w.t()  # bf16 products on the GPU, as lm_head() made them
             if not (need_hidden or need_weight):
+                ce[part], correct[part] = _ce_only(logits, y)
                 continue
-            probs = logits.sub_(lse[:, None]).exp_()  # in place: one fp32 buffer per chunk
-            probs.scatter_add_(1, y[:, None], torch.full_like(lse[:, None], -1.0))
-            probs.mul_(row_weights[part, None].float())
-            grad_logits = probs.to(h.dtype)
+            kernel = _chunk_kernel(logits)
+            ce[part], correct[part], grad_logits = kernel(logits, y, row_weights[part])
             if grad_hidden is not None:
                 grad_hidden[part] = grad_logits @ w
             if grad_weight is not None:

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dflash_train.pipeline.compile_guard import GUARD
+
 if TYPE_CHECKING:
     import torch
 
@@ -79,6 +81,14 @@ class _PinnedSlots:
                 self._free.append(slot)
 
 
+def _padded_shape(ids_shape: Any, num_anchors: int, block_size: int) -> tuple[int, int, int]:
+    from dflash_train.attention_layout import PAD_TO
+
+    rows, length = int(ids_shape[0]), int(ids_shape[1])
+    queries = min(num_anchors, length) * block_size
+    return rows, -(-length // PAD_TO) * PAD_TO, -(-queries // PAD_TO) * PAD_TO
+
+
 def anchor_seed(seed: int, epoch: int, position: int) -> int:
     """Anchors depend only on (seed, epoch, batch position): the same batch gets the same
     anchors whatever order it is drawn in and whether the run was resumed."""
@@ -122,6 +132,7 @@ class DrafterStepper:
         self._slots = _PinnedSlots(tuple(self._metrics.shape)) if self._pinned else None
         self._generator = torch.Generator(device=device)
         self._last_lr = float(self.scheduler.get_last_lr()[0])
+        self._shapes: set[tuple[int, int, int]] = set()  # padded shapes stepped already
 
     @property
     def lr(self) -> float:
@@ -136,6 +147,18 @@ class DrafterStepper:
         return contextlib.nullcontext()
 
     def step(self, batch: HiddenBatch, epoch: int) -> None:
+
+
+        cfg = self.config
+        # The first step of a padded shape may compile (flex attention, the CE kernel):
+        # no other thread may run modules meanwhile (compile_guard.py says why).
+        shape = _padded_shape(batch.input_ids.shape, cfg.num_anchors, cfg.block_size)
+        new = shape not in self._shapes
+        with GUARD.exclusive() if new else GUARD.shared():
+            self._step(batch, epoch)
+        self._shapes.add(shape)
+
+    def _step(self, batch: HiddenBatch, epoch: int) -> None:
         import torch
 
         from dflash_train.dflash_loss import dflash_forward_loss, sample_anchors
@@ -237,6 +260,7 @@ class DrafterStepper:
                 )  # fmt: skip
             out.loss.backward()
             self.optimizer.zero_grad(set_to_none=True)
+            self._shapes.add(_padded_shape(ids.shape, cfg.num_anchors, cfg.block_size))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - start

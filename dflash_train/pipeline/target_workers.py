@@ -4,7 +4,6 @@ worker thread per target device that feeds the HiddenStatePool on its own CUDA s
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
 import sys
 import threading
@@ -14,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dflash_train.pipeline.compile_guard import GUARD
 from dflash_train.pipeline.pool import HiddenStatePool, PoolClosed
 
 if TYPE_CHECKING:
@@ -114,10 +114,10 @@ def _extract(target: Target, batch: Batch, layer_ids: Sequence[int]) -> torch.Te
 WARM_UP_SHAPES = ((2, 256, True), (3, 320, True), (2, 256, False), (3, 320, False))
 
 
-def target_compile_wanted(target: Target) -> bool:
-    """Compile the target's decoder layers: on CUDA, unless DFLASH_COMPILE_TARGET=0."""
-    flag = os.environ.get("DFLASH_COMPILE_TARGET", "1").strip().lower()
-    return target.device.type == "cuda" and flag not in ("0", "false", "no", "off")
+def target_compile_wanted(target: Target, wanted: bool = True) -> bool:
+    """Compile the target's decoder layers: on CUDA, unless the run's config says not to
+    (`compile_target`, or DFLASH_COMPILE_TARGET=0 through the config loader)."""
+    return wanted and target.device.type == "cuda"
 
 
 def compile_target_layers(
@@ -161,9 +161,20 @@ def warm_up_target(
         if padded:
             mask[0, length - length // 4 :] = 0
         extract_context(target, ids, mask, list(layer_ids))
+        _WARM_SIGNATURES.add((id(target), rows == 1, padded))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - start
+
+
+# (target, one row, padded) signatures whose compiled graphs exist: a batch outside them
+# may make dynamo compile, so its forward runs with the compile guard held exclusively.
+_WARM_SIGNATURES: set[tuple[int, bool, bool]] = set()
+
+
+def _signature(target: Target, item: LoadedBatch) -> tuple[int, bool, bool]:
+    mask = item.batch.attention_mask  # host tensor: no device sync
+    return id(target), int(mask.shape[0]) == 1, not bool(mask.all())
 
 
 END_OF_EPOCH = None
@@ -209,14 +220,18 @@ class TargetWorker(threading.Thread):
                 item = self.inbox.get()
                 if item is END_OF_EPOCH:
                     break
-                hb = forward_to_drafter(
-                    self.target,
-                    item,
-                    self.layer_ids,
-                    self.drafter_device,
-                    self.timers,
-                    self.stream,
-                )
+                signature = _signature(self.target, item)
+                known = signature in _WARM_SIGNATURES
+                with GUARD.shared() if known else GUARD.exclusive():
+                    hb = forward_to_drafter(
+                        self.target,
+                        item,
+                        self.layer_ids,
+                        self.drafter_device,
+                        self.timers,
+                        self.stream,
+                    )
+                _WARM_SIGNATURES.add(signature)
                 self.pool.put(hb, bucket=str(hb.bucket))
         except PoolClosed:
             return
