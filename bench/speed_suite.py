@@ -270,6 +270,31 @@ def exactness(device: torch.device, dims: str = "qwen3-8b") -> dict[str, Any]:
     return out
 
 
+def fused_ce_check(rig: DrafterRig, rows: int = 4096) -> dict[str, float]:
+    """The fused lm_head CE (the kernel the step ran) against F.cross_entropy on the same
+    bf16 logits: loss and the hidden-state gradient, relative error."""
+    import torch.nn.functional as F
+
+    from dflash_train.dflash_loss import linear_cross_entropy
+
+    gen = torch.Generator(device=rig.device).manual_seed(7)
+    hidden = torch.randn(rows, rig.config.hidden_size, device=rig.device, generator=gen)
+    hidden = hidden.to(rig.head.weight.dtype).requires_grad_(True)
+    labels = torch.randint(0, rig.config.vocab_size, (rows,), device=rig.device, generator=gen)
+    weights = torch.rand(rows, device=rig.device, generator=gen)
+    total, _, _ = linear_cross_entropy(hidden, rig.head, labels, weights)
+    total.backward()
+    fused = hidden.grad.float().clone()
+    hidden.grad = None
+    ref = (F.cross_entropy(rig.head(hidden).float(), labels, reduction="none") * weights).sum()
+    ref.backward()
+    grad_err = (fused - hidden.grad.float()).norm() / hidden.grad.float().norm()
+    return {
+        "loss_rel_err": round(abs(float(total) - float(ref)) / abs(float(ref)), 8),
+        "grad_rel_err": round(float(grad_err), 6),
+    }
+
+
 def time_target(target: Any, rows: int, seq: int, calls: int, compile_: bool) -> dict[str, Any]:
     from dflash_train.pipeline.target_workers import compile_target_layers
     from dflash_train.targets import context_layer_count, extract_context, target_layer_ids
@@ -469,12 +494,12 @@ def run_suite(args: Any) -> int:
     def drafter_case(dims: str, n_rows: int, backends: tuple[str, ...]) -> dict[str, Any]:
         rig = DrafterRig(
             drafter_config(dims, 1 if smoke else 5, 16 if not smoke else 4),
-            n_rows,
-            seq,
-            anchors,
-            device,
-        )
-        result = {b: time_drafter(rig, b, steps if b == flex else 2) for b in backends}
+            n_rows, seq, anchors, device,
+        )  # fmt: skip
+        result: dict[str, Any] = {
+            b: time_drafter(rig, b, steps if b == flex else 2) for b in backends
+        }
+        result["fused_ce_vs_reference"] = fused_ce_check(rig)
         del rig
         return result
 

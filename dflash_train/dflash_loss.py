@@ -107,6 +107,22 @@ def _chunk_kernel(logits: torch.Tensor) -> Any:
     return _Compiled.kernel
 
 
+def _run_chunk(
+    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    kernel = _chunk_kernel(logits)
+    if kernel is _ce_and_grad:
+        return kernel(logits, labels, weights)
+    try:
+        return kernel(logits, labels, weights)
+    except Exception as exc:  # no working Triton here: the eager kernel, same numbers
+        import logging
+
+        logging.getLogger(__name__).warning("compiled CE kernel failed (%r); eager from now", exc)
+        _Compiled.kernel = _ce_and_grad
+        return _ce_and_grad(logits, labels, weights)
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """sum_i w_i * CE(hidden_i @ W^T, label_i), with per-row CE and argmax-correctness as
     side outputs, in one pass over the logits: each row chunk's logits are made once,
@@ -146,8 +162,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if not (need_hidden or need_weight):
                 ce[part], correct[part] = _ce_only(logits, y)
                 continue
-            kernel = _chunk_kernel(logits)
-            ce[part], correct[part], grad_logits = kernel(logits, y, row_weights[part])
+            ce[part], correct[part], grad_logits = _run_chunk(logits, y, row_weights[part])
             if grad_hidden is not None:
                 grad_hidden[part] = grad_logits @ w
             if grad_weight is not None:
