@@ -4,6 +4,7 @@ the session under it refuses control calls."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from pathlib import Path
 
@@ -62,7 +63,8 @@ class ReplayApp(DflashApp):
         self.connection = "connecting"
         try:
             raws = await self.session.load()
-            timeline = Timeline(raws, clock=self.replay_clock)
+            # A six-day run is a quarter of a million lines: walk them off the UI's loop.
+            timeline = await asyncio.to_thread(Timeline, raws, clock=self.replay_clock)
         except HostKeyUnknown as exc:
             self.connection = "failed"
             self.note("error", f"replay: {exc}")

@@ -9,7 +9,7 @@ import bisect
 import pickle
 from array import array
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ MARK_KINDS = frozenset({"run_start", "checkpoint", "event", "run_end"})
 # Snapshots of the state: at most this many, at least this many lines apart.
 MAX_SNAPSHOTS = 24
 MIN_SNAPSHOT_GAP = 256
+FINE_PER_GAP = 8
 LOAD_TIMEOUT_S = 600.0
 
 
@@ -45,11 +46,11 @@ class ReplayClock:
 
 class Timeline:
     """The whole stream and a cursor on it. `seek(i)` makes `state` the RunState after line
-    `i` (0-based) was applied."""
+    `i` (0-based) was applied. Building one walks the stream once, to its end."""
 
     def __init__(
         self,
-        raws: Iterable[bytes],
+        raws: Sequence[bytes],
         *,
         clock: ReplayClock | None = None,
         make_state: Callable[[ReplayClock], RunState] | None = None,
@@ -59,6 +60,15 @@ class Timeline:
         self._t = array("d")
         self._seq = array("q")
         self.rejected: Counter[str] = Counter()
+        self.clock = clock or ReplayClock()
+        self._make_state = make_state or (lambda clock: RunState(clock=clock))
+        # Coarse snapshots over the whole stream; fine ones inside the stretch last walked
+        # backwards, so stepping back line by line replays a few hundred lines, not thousands.
+        self._gap = max(MIN_SNAPSHOT_GAP, len(raws) // MAX_SNAPSHOTS + 1)
+        self._fine_gap = max(MIN_SNAPSHOT_GAP // 4, self._gap // FINE_PER_GAP)
+        self._snapshots: dict[int, bytes] = {}
+        self._fine: dict[int, bytes] = {}
+        self.state = self._make_state(self.clock)
         for raw in raws:
             decoded = protocol.decode_line(raw)
             if not isinstance(decoded, StatusLine):
@@ -70,23 +80,14 @@ class Timeline:
             self._kind.append(KINDS.index(decoded.kind))
             self._t.append(decoded.t)
             self._seq.append(decoded.seq)
+            self._apply(len(self._raw) - 1, decoded)  # the first walk decodes only once
         if not self._raw:
             raise ReplayError("the stream holds no status line to replay")
-        self.clock = clock or ReplayClock()
-        self._make_state = make_state or (lambda clock: RunState(clock=clock))
-        self._gap = max(MIN_SNAPSHOT_GAP, len(self._raw) // MAX_SNAPSHOTS + 1)
-        self._snapshots: dict[int, bytes] = {}
-        self.state = self._fresh()
-        self.position = -1
+        self.state.rejected_lines.update(self.rejected)
+        self.position = self.end
 
     def __len__(self) -> int:
         return len(self._raw)
-
-    def _fresh(self) -> RunState:
-        state = self._make_state(self.clock)
-        for code, count in self.rejected.items():
-            state.rejected_lines[code] += count
-        return state
 
     def line(self, index: int) -> StatusLine:
         decoded = protocol.decode_line(self._raw[index])
@@ -106,38 +107,52 @@ class Timeline:
     def end(self) -> int:
         return len(self._raw) - 1
 
+    def _apply(self, index: int, line: StatusLine, *, fine: bool = False) -> None:
+        self.clock.t = self._t[index]
+        self.state.apply(line)
+        if index % self._gap == 0 and index not in self._snapshots:
+            self._snapshots[index] = self._freeze()
+        elif fine and index % self._fine_gap == 0 and index not in self._fine:
+            self._fine[index] = self._freeze()
+
     def seek(self, index: int) -> RunState:
         index = max(0, min(self.end, index))
-        if index < self.position:
-            self._restore(index)
-        state = self.state
+        base = self._nearest(index)
+        backwards = index < self.position
+        if backwards or (base is not None and base > self.position):
+            self._restore(base, backwards)
         for i in range(self.position + 1, index + 1):
-            self.clock.t = self._t[i]
-            state.apply(self.line(i))
-            if i % self._gap == 0 and i not in self._snapshots:
-                self._snapshots[i] = self._freeze(state)
+            self._apply(i, self.line(i), fine=backwards)
         self.position = index
         self.clock.t = self._t[index]
-        return state
+        return self.state
 
-    def _freeze(self, state: RunState) -> bytes:
+    def _nearest(self, index: int) -> int | None:
+        marks = sorted([*self._snapshots, *self._fine])
+        at = bisect.bisect_right(marks, index) - 1
+        return marks[at] if at >= 0 else None
+
+    def _freeze(self) -> bytes:
+        state = self.state
         state.clock = None  # type: ignore[assignment]  # the clock is shared, not copied
         try:
             return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
         finally:
             state.clock = self.clock
 
-    def _restore(self, index: int) -> None:
-        marks = sorted(self._snapshots)
-        at = bisect.bisect_right(marks, index) - 1
-        if at < 0:
-            self.state = self._fresh()
+    def _restore(self, base: int | None, backwards: bool) -> None:
+        if backwards and base in self._snapshots:
+            # A new stretch walked backwards: the fine snapshots of the last one go.
+            self._fine = {i: b for i, b in self._fine.items() if base <= i < base + self._gap}
+        if base is None:
+            state = self._make_state(self.clock)
             self.position = -1
-            return
-        state: RunState = pickle.loads(self._snapshots[marks[at]])
-        state.clock = self.clock
+        else:
+            state = pickle.loads(self._snapshots.get(base) or self._fine[base])
+            state.clock = self.clock
+            self.position = base
+        state.rejected_lines = Counter(self.rejected)
         self.state = state
-        self.position = marks[at]
 
     # -- moving the cursor ---------------------------------------------------------------
 
