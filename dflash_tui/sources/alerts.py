@@ -68,6 +68,8 @@ class AlertTracker:
         self._armed_out: set[str] = set()  # causes that already alerted and have not cleared
         self._was_connected = False
         self._connected_since: float | None = None
+        # `status` on the box said a trainer holds the run lock (set by on_status).
+        self._trainer_alive = False
         self._lost_since: float | None = None
 
     # -- inputs ------------------------------------------------------------------------
@@ -87,10 +89,15 @@ class AlertTracker:
         return None
 
     def on_status(self, reply: Reply) -> Alert | None:
-        """The box's own verdict: a trainer killed without a run_end shows only here."""
+        """The box's own verdict: a trainer killed without a run_end shows only here, and a
+        silent stream is a stall only while the trainer still lives (else it is a crash:
+        one alert, not a stall and then a crash)."""
         data = reply.data
+        if reply.ok and data.get("state") in ("running", "stalled"):
+            self._trainer_alive = True
         if not reply.ok or data.get("state") != "crashed":
             return None
+        self._trainer_alive = False
         run = data.get("run_id")
         if isinstance(run, str) and run != self.run_id:
             self._new_run(run)
@@ -111,12 +118,13 @@ class AlertTracker:
         out: list[Alert] = []
         # Just (re)connected, the resumed stream is still catching up: not a stall yet.
         settled = self._connected_since is not None and now - self._connected_since >= SETTLE_S
-        if run_state == "stalled" and settled:
+        if run_state == "stalled" and settled and self._trainer_alive:
             alert = self._raise("stall", "no line from the trainer for over a minute")
             if alert is not None:
                 out.append(alert)
         elif run_state != "stalled" and connection == "connected":
             self._clear("stall")
+            self._trainer_alive = False  # asked again at the next stall
         # Disconnected, silence says nothing about the trainer: the lost connection alerts.
         if connection == "connected":
             self._was_connected = True

@@ -1,11 +1,13 @@
 """A stand-in for nvidia-ml-py for processes started by tests (no GPU here): put this
 directory on PYTHONPATH and `dflash-train gpus` reads two fixed H200s. The processes said
-to hold GPU 0 are the pids in $NVML_STANDIN_PIDS (comma-separated), 8 GiB each."""
+to hold GPU 0 are the pids in $NVML_STANDIN_PIDS (comma-separated, or `@FILE` naming a
+file of them), 8 GiB each."""
 
 from __future__ import annotations
 
 import os
 import types
+from pathlib import Path
 
 NVML_TEMPERATURE_GPU = 0
 _MIB = 1024 * 1024
@@ -54,5 +56,11 @@ def nvmlDeviceGetTemperature(handle: int, sensor: int) -> int:
 def nvmlDeviceGetComputeRunningProcesses(handle: int) -> list[types.SimpleNamespace]:
     if handle:
         return []
-    pids = [int(p) for p in os.environ.get("NVML_STANDIN_PIDS", "").split(",") if p.strip()]
+    given = os.environ.get("NVML_STANDIN_PIDS", "")
+    if given.startswith("@"):  # a file of pids, read at every sample (a run started later)
+        try:
+            given = Path(given[1:]).read_text(encoding="utf-8")
+        except OSError:
+            given = ""
+    pids = [int(p) for p in given.replace(",", " ").split()]
     return [types.SimpleNamespace(pid=pid, usedGpuMemory=8192 * _MIB) for pid in pids]

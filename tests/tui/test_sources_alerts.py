@@ -112,3 +112,18 @@ def test_profile_alerts_are_checked() -> None:
     with pytest.raises(ProfileError, match=r"profiles.p.alerts: 'beep' is not one of"):
         parse_profile("p", {"alerts": ["beep"]})
     assert parse_profile("p", {"env_file": "/root/.config/dflash/env"}).env_file
+
+
+def test_a_silent_stream_is_a_stall_only_while_the_box_says_the_trainer_lives() -> None:
+    tracker = AlertTracker(clock=lambda: 0.0)
+    tracker.on_connection("connected")
+    assert tracker.check("stalled", "connected", 10) == []  # not yet asked
+    tracker.on_status(protocol.reply_ok("status", state="stalled", run_id="r1"))
+    (stall,) = tracker.check("stalled", "connected", 11)
+    assert stall.cause == "stall"
+    dead = AlertTracker(clock=lambda: 0.0)
+    dead.on_connection("connected")
+    crash = dead.on_status(protocol.reply_ok("status", state="crashed", run_id="r1",
+                                             log_tail=["Killed"]))  # fmt: skip
+    assert crash is not None and crash.cause == "crash" and "train.log: Killed" in crash.text
+    assert dead.check("stalled", "connected", 20) == []  # one alert for one cause
