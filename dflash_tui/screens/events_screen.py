@@ -15,7 +15,7 @@ POLL_S = 0.5
 
 
 def event_line(entry: EventEntry) -> str:
-    mark = "»" if entry.source == "console" else "·"
+    mark = {"console": "»", "alert": "!"}.get(entry.source, "·")
     return f"{clock(entry.t)} {mark} {entry.level:<7} {entry.text}"
 
 
