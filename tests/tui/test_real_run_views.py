@@ -208,7 +208,7 @@ async def test_replay_a_finished_real_run_over_openssh(
     args = [
         "--target-model", "random:tiny", "--data-dir", str(tiny_data),
         "--target-gpus", "cpu", "--drafter-gpus", "cpu", "--pipeline", "sync",
-        "--epochs", "500", "--max-steps", "12", "--save-every", "4", "--draft-layers", "1",
+        "--epochs", "500", "--max-steps", "8", "--save-every", "3", "--draft-layers", "1",
         "--max-length", "128", "--block-size", "4", "--num-anchors", "4",
         "--tokens-per-batch", "256",
     ]  # fmt: skip
@@ -233,7 +233,7 @@ async def test_replay_a_finished_real_run_over_openssh(
         timeline = app.timeline
         assert timeline is not None and len(timeline) == len(on_disk)
         assert app.state.end is not None and app.state.end["reason"] == "completed"
-        assert app.badge() == "finished" and app.state.step == 12
+        assert app.badge() == "finished" and app.state.step == 8
         await pilot.press("[")  # back from the end: the last checkpoint (before run_end)
         assert timeline.kind(timeline.position) in ("checkpoint", "event")
         assert app.state.end is None and app.badge() == "running"
