@@ -110,3 +110,17 @@ def test_fresh_restart_keeps_the_old_run_and_resume_loads_only_its_own(
     rc, stop = cli("stop", str(run_dir), "--timeout", "120", timeout=180)
     assert rc == 0 and stop.ok and stop.data["pid"] == pid, stop
     assert is_complete(ckpts / run_a / "step_0000006")
+
+    # Another run's checkpoint only when named, and the new run says whose it took.
+    a_six = ckpts / run_a / "step_0000006"
+    rc, e = cli(
+        "launch", str(run_dir), "--wait", "180", *env, "--", *TRAIN,
+        "--data-dir", str(prepared_data_dir), "--run-id", "runC", "--resume-from", str(a_six),
+        "--max-steps", "7", "--save-every", "1", timeout=240,
+    )  # fmt: skip
+    assert rc == 0 and e.ok, e
+    _wait_finished(run_dir)
+    start = [line for line in _stream(run_dir) if line.kind == "run_start"][-1]
+    assert (start.run, start["resumed_run"], start["start_step"]) == ("runC", run_a, 6)
+    assert start["resumed_from"] == str(a_six)
+    assert is_complete(ckpts / "runC" / "step_0000007") and is_complete(a_six)
