@@ -41,6 +41,7 @@ def facts(state: RunState) -> tuple[object, ...]:
         state.epoch,
         state.latest("loss"),
         list(state.metrics["loss"]),
+        state.series("loss", 64),  # the plotted, whole-run series
         [e.seq for e in state.events],
         state.settings,
         [g["util"] for g in state.gpus],
