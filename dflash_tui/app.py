@@ -146,11 +146,7 @@ class DflashApp(App[None]):
         )
 
     def on_mount(self) -> None:
-        for theme in themes.load_themes():
-            self.register_theme(theme)
-            self.theme_names.append(theme.name)
-        wanted = self.options.theme or themes.DEFAULT_THEME
-        self.theme = wanted if wanted in self.available_themes else themes.DEFAULT_THEME
+        self.theme_names.extend(themes.install(self, self.options.theme))
         self._saved_theme = self.theme
         self.theme_changed_signal.subscribe(self, self._remember_theme)
         self.push_screen(MainScreen())
@@ -461,10 +457,7 @@ class DflashApp(App[None]):
     # -- drawing ---------------------------------------------------------------------
 
     def colours(self) -> dict[str, str]:
-        variables = self.theme_variables
-        names = ("primary", "secondary", "accent", "warning", "error", "success")
-        # Textual's ANSI theme names colours "ansi_blue"; Rich styles know them as "blue".
-        return {name: variables.get(name, "").removeprefix("ansi_") for name in names}
+        return themes.palette(self)
 
     def badge(self) -> str:
         """The header's word: an alert's cause first, then the connection, then the run."""

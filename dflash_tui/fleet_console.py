@@ -48,10 +48,7 @@ class FleetApp(App[str]):
         self.last_opened = last_opened
 
     def on_mount(self) -> None:
-        for theme in themes.load_themes():
-            self.register_theme(theme)
-        wanted = self.wanted_theme or themes.DEFAULT_THEME
-        self.theme = wanted if wanted in self.available_themes else themes.DEFAULT_THEME
+        themes.install(self, self.wanted_theme)
         self.fleet.start()
         self.push_screen(FleetScreen())
         self.set_interval(1 / REFRESH_HZ, self.refresh_rows)
@@ -61,9 +58,7 @@ class FleetApp(App[str]):
             self.screen.refresh_rows()
 
     def colours(self) -> dict[str, str]:
-        variables = self.theme_variables
-        names = ("primary", "secondary", "accent", "warning", "error", "success")
-        return {name: variables.get(name, "").removeprefix("ansi_") for name in names}
+        return themes.palette(self)
 
     def open_dashboard(self, name: str) -> None:
         self.fleet.acknowledge(name)  # the operator is looking at it now

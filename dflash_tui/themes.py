@@ -6,7 +6,9 @@ from __future__ import annotations
 import sys
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
+from textual.app import App
 from textual.theme import Theme
 
 if sys.version_info >= (3, 11):
@@ -49,3 +51,25 @@ def load_themes(directory: Path | None = None) -> list[Theme]:
     """Every theme in the folder, sorted by name so `t` cycles in a stable order."""
     folder = directory if directory is not None else themes_dir()
     return sorted((load_theme(p) for p in folder.glob("*.toml")), key=lambda t: t.name)
+
+
+def install(app: App[Any], wanted: str | None) -> list[str]:
+    """Register every theme with `app` and switch to `wanted` (the default one when it is
+    unknown); returns the names in the order `t` cycles them."""
+    names = []
+    for theme in load_themes():
+        app.register_theme(theme)
+        names.append(theme.name)
+    wanted = wanted or DEFAULT_THEME
+    app.theme = wanted if wanted in app.available_themes else DEFAULT_THEME
+    return names
+
+
+PALETTE_ROLES = ("primary", "secondary", "accent", "warning", "error", "success")
+
+
+def palette(app: App[Any]) -> dict[str, str]:
+    """The theme's colours by role, as Rich styles name them."""
+    variables = app.theme_variables
+    # Textual's ANSI theme names colours "ansi_blue"; Rich styles know them as "blue".
+    return {name: variables.get(name, "").removeprefix("ansi_") for name in PALETTE_ROLES}
