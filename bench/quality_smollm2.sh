@@ -22,8 +22,13 @@ mkdir -p "$OUT" "$W"
 T0=$(date +%s)
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export DFLASH_CACHE_DIR=${DFLASH_CACHE_DIR:-/tmp/dflash-cache}
+# No torch.compile of target layers or flex attention: their first compiles of each padded
+# shape cost more of a few-minute run than they save (the compiled CE kernel stays).
+export DFLASH_COMPILE_TARGET=${DFLASH_COMPILE_TARGET:-0} DFLASH_ATTENTION=${DFLASH_ATTENTION:-sdpa}
 log() { echo "[$(($(date +%s) - T0))s] $*" | tee -a "$OUT/log.txt" >&2; }
 left() { echo $((BUDGET_S - ($(date +%s) - T0))); }
+# seconds for a stage: what is left minus what later stages need, at least $2 (default 30)
+upto() { local s=$(($(left) - $1)); echo $((s > ${2:-30} ? s : ${2:-30})); }
 cmd() { echo "$*" >>"$W/commands.txt"; log "+ $*"; "$@"; }
 : >"$W/commands.txt"
 
@@ -74,7 +79,7 @@ smoke = {}
 if os.path.exists("/tmp/quality_smoke.json"):
     smoke = json.load(open("/tmp/quality_smoke.json"))
 rate = float(smoke.get("answer_tokens_per_s", 40000))
-step_s = float(smoke.get("step_s", 0.5))
+step_s = float(os.environ.get("STEP_S", smoke.get("step_s", 0.2)))
 gen_s = float(os.environ.get("GEN_S", 110))
 answers = int(0.5 * rate * gen_s / 260)  # ~260 tokens an answer; batches thin out
 builtin = 280 * int(os.environ.get("BUILTIN_PASSES", 8))
@@ -89,7 +94,7 @@ log "mode $MODE target $TARGET left $(left)s"
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader >>"$OUT/log.txt" 2>&1 || true
 
 # 1. data
-cmd timeout $(($(left) - 330)) $DT prepare --target-model "$TARGET" "${SOURCES[@]}" \
+cmd timeout -k 10 "$(upto "${AFTER_PREPARE_S:-320}" 60)" $DT prepare --target-model "$TARGET" "${SOURCES[@]}" \
   --max-new-tokens "$MAX_NEW" --batch-size "${GEN_BATCH:-1024}" --device "$DEV" \
   --out "$W/data" --num-shards 8 --overwrite >"$W/prepare.json" 2>"$W/prepare.err"
 PREP_RC=$?
@@ -105,13 +110,13 @@ python3 bench/quality/ngram_baseline.py "$W/data" >"$W/ngram.json" 2>>"$OUT/log.
 NGRAM=$!
 
 # 2. train for the time left, minus what curve, export and eval need
-TRAIN_S=$(($(left) - ${RESERVE_S:-150}))
+TRAIN_S=$(upto "${RESERVE_S:-140}" 40)
 if [ "$MODE" = real ]; then
-  STEPS=${STEPS:-$(python3 -c "print(max(50, int(($TRAIN_S - 45) / $STEP_S)))")}
+  STEPS=${STEPS:-$(python3 -c "print(max(50, int(($TRAIN_S - 40) / $STEP_S)))")}
 fi
 SAVE=$((STEPS / 8 > 10 ? STEPS / 8 : 10))
 log "train: $STEPS steps, save every $SAVE, ${TRAIN_S}s"
-cmd timeout "$TRAIN_S" $DT train --target-model "$TARGET" --data-dir "$W/data" \
+cmd timeout -k 20 "$TRAIN_S" $DT train --target-model "$TARGET" --data-dir "$W/data" \
   --output-dir "$W/run" --target-gpus "$GPUS" --drafter-gpus "$GPUS" \
   --draft-layers "${LAYERS:-2}" --target-layers "${CTX_LAYERS:-2}" --block-size 16 \
   --num-anchors "${ANCHORS:-128}" --tokens-per-batch "${TPB:-8192}" --max-length 1024 \
@@ -122,7 +127,7 @@ tail -5 "$W/train.out" | cut -c1-400 >>"$OUT/log.txt"
 grep '"kind":"step"' "$W/run/status.jsonl" | tail -2 | cut -c1-400 >>"$OUT/log.txt"
 
 # 3. held-out tau along the run
-cmd timeout 60 python3 bench/quality/curve.py "$W/run" --target-model "$TARGET" \
+cmd timeout -k 5 60 python3 bench/quality/curve.py "$W/run" --target-model "$TARGET" \
   --prompts "${CURVE_PROMPTS:-10}" --max-new-tokens "${CURVE_TOKENS:-128}" --budget-s 35 --device "$DEV" >"$W/curve.json" 2>>"$OUT/log.txt"
 
 # 4. export and eval
@@ -131,7 +136,7 @@ cmd $DT export "$W/run" --out "$OUT/export" >"$W/export.json" 2>>"$OUT/log.txt"
 cat "$W/export.json" | cut -c1-400 >>"$OUT/log.txt"
 NP=${EVAL_PROMPTS:-40}; NT=${EVAL_TOKENS:-256}
 [ "$MODE" = smoke ] && NP=${EVAL_PROMPTS:-4} && NT=${EVAL_TOKENS:-64}
-cmd timeout $(($(left) - 10)) $DT eval --target-model "$TARGET" --drafter "$OUT/export" \
+cmd timeout -k 5 "$(upto 12 40)" $DT eval --target-model "$TARGET" --drafter "$OUT/export" \
   --prompts builtin --max-prompts $NP --max-new-tokens $NT --device "$DEV" \
   --block-size 16 --block-size 8 >"$W/eval.json" 2>>"$OUT/log.txt"
 cut -c1-600 "$W/eval.json" >>"$OUT/log.txt"

@@ -191,82 +191,111 @@ class CachedTarget:
         return attn.o_proj(out.transpose(1, 2).reshape(batch, n, -1))
 
 
+def static_forward(
+    runner: CachedTarget,
+    cache: KVCache,
+    input_ids: torch.Tensor,
+    start: torch.Tensor,
+    pad: torch.Tensor,
+    layer_ids: Sequence[int] = (),
+) -> StepOutput:
+    """CachedTarget.forward with every shape fixed, for CUDA-graph capture: `start` and
+    `pad` [B] are device tensors, the write goes through index_copy_, and attention covers
+    the whole cache with the columns after each query (and each row's padding) masked. The
+    GQA attention multiplies each key/value head with its group of query heads directly, so
+    keys and values are read once instead of being repeated per query head."""
+    target = runner.target
+    batch, n = input_ids.shape
+    device = input_ids.device
+    heads, kv_heads, dim = runner.num_heads, runner.num_kv_heads, runner.head_dim
+    group = heads // kv_heads
+    columns = start + torch.arange(n, device=device)
+    positions = (columns[None, :] - pad[:, None]).clamp_min(0)
+    hidden = target.embed_tokens(input_ids)
+    cos, sin = target.backbone.rotary_emb(hidden, positions)
+    cos, sin = cos[:, None], sin[:, None]
+    keys_seen = torch.arange(cache.capacity, device=device)
+    visible = cache.key_valid[:, None, :] & (keys_seen[None, None, :] <= columns[None, :, None])
+    visible = visible | (keys_seen[None, None, :] == columns[None, :, None])  # [B, n, C]
+    hidden_mask = ~visible[:, None, None].expand(batch, 1, group, n, cache.capacity)
+    hidden_mask = hidden_mask.reshape(batch, 1, group * n, cache.capacity)
+    captured: dict[int, torch.Tensor] = {}
+    last = len(target.layers) - 1
+    for index, layer in enumerate(target.layers):
+        attn = layer.self_attn
+        h = layer.input_layernorm(hidden)
+        q = attn.q_proj(h).view(batch, n, heads, dim)
+        k = attn.k_proj(h).view(batch, n, kv_heads, dim)
+        v = attn.v_proj(h).view(batch, n, kv_heads, dim)
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        cache.keys[index].index_copy_(2, columns, k)
+        cache.values[index].index_copy_(2, columns, v)
+        # [B, kv, group*n, d] x [B, kv, d, C]: query head h uses kv head h // group.
+        grouped = q.reshape(batch, kv_heads, group * n, dim)
+        scores = (grouped @ cache.keys[index].transpose(-1, -2)).float() * runner.scale
+        weights = scores.masked_fill(hidden_mask, float("-inf")).softmax(dim=-1)
+        out = weights.to(v.dtype) @ cache.values[index]  # [B, kv, group*n, d]
+        out = out.view(batch, heads, n, dim).transpose(1, 2).reshape(batch, n, -1)
+        hidden = hidden + attn.o_proj(out)
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        if index in layer_ids and index != last:
+            captured[index] = hidden
+    normed = target.backbone.norm(hidden)
+    if last in layer_ids:
+        captured[last] = normed
+    context = torch.cat([captured[i] for i in layer_ids], dim=-1) if layer_ids else None
+    return StepOutput(target.lm_head(normed), context)
+
+
 class GraphedStep:
-    """One-row forwards of a fixed width `n` at any start column, captured once as a CUDA
-    graph: a batch-1 decode step is ~1,000 small kernels, and launching them one by one from
-    Python costs more than running them. Same arithmetic as CachedTarget.forward (attention
-    runs over the whole cache with the columns past the query masked, so shapes are fixed)."""
+    """Forwards of a fixed width `n` for every row of `cache` at any start column, captured
+    once as a CUDA graph (static_forward): a decode step is ~1,300 small kernels, and
+    launching them one by one from Python costs far more than running them."""
 
     def __init__(
-        self, runner: CachedTarget, cache: KVCache, n: int, layer_ids: Sequence[int]
+        self,
+        runner: CachedTarget,
+        cache: KVCache,
+        n: int,
+        layer_ids: Sequence[int],
+        pad: torch.Tensor | None = None,
     ) -> None:
         self.runner, self.cache, self.n, self.layer_ids = runner, cache, n, tuple(layer_ids)
         device = runner.device
-        self.ids = torch.zeros(1, n, dtype=torch.long, device=device)
+        batch = int(cache.keys.shape[1])
+        self.ids = torch.zeros(batch, n, dtype=torch.long, device=device)
         self.start = torch.zeros((), dtype=torch.long, device=device)
+        self.pad = torch.zeros(batch, dtype=torch.long, device=device)
+        if pad is not None:
+            self.pad.copy_(pad)
         self.graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream(device=device)
         stream.wait_stream(torch.cuda.current_stream(device))
+        # Warm-up outside the graph (allocator, lazy inits), at the last columns: whatever
+        # it writes there is rewritten before any query can see it.
+        self.start.fill_(cache.capacity - n)
         with torch.inference_mode(), torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up outside the graph (allocator, lazy inits)
+            for _ in range(2):
                 self._run()
         torch.cuda.current_stream(device).wait_stream(stream)
         with torch.inference_mode(), torch.cuda.graph(self.graph):
             self.out = self._run()
 
     def _run(self) -> StepOutput:
-        runner, cache, n = self.runner, self.cache, self.n
-        target = runner.target
-        capacity = cache.capacity
-        columns = self.start + torch.arange(n, device=self.ids.device)
-        positions = columns[None, :]
-        hidden = target.embed_tokens(self.ids)
-        cos, sin = target.backbone.rotary_emb(hidden, positions)
-        cos, sin = cos[:, None], sin[:, None]
-        keys_seen = torch.arange(capacity, device=self.ids.device)
-        mask = (keys_seen[None, :] <= columns[:, None])[None, None]  # [1, 1, n, capacity]
-        captured = {}
-        last = len(target.layers) - 1
-        for index, layer in enumerate(target.layers):
-            attn = layer.self_attn
-            h = layer.input_layernorm(hidden)
-            q = attn.q_proj(h).view(1, n, runner.num_heads, runner.head_dim)
-            k = attn.k_proj(h).view(1, n, runner.num_kv_heads, runner.head_dim)
-            v = attn.v_proj(h).view(1, n, runner.num_kv_heads, runner.head_dim)
-            if hasattr(attn, "q_norm"):
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            cache.keys[index].index_copy_(2, columns, k)
-            cache.values[index].index_copy_(2, columns, v)
-            out = F.scaled_dot_product_attention(
-                q,
-                cache.keys[index],
-                cache.values[index],
-                attn_mask=mask,
-                scale=runner.scale,
-                enable_gqa=runner.num_kv_heads != runner.num_heads,
-            )
-            hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(1, n, -1))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-            if index in self.layer_ids and index != last:
-                captured[index] = hidden
-        normed = target.backbone.norm(hidden)
-        if last in self.layer_ids:
-            captured[last] = normed
-        logits = target.lm_head(normed)
-        context = (
-            torch.cat([captured[i] for i in self.layer_ids], dim=-1) if self.layer_ids else None
+        return static_forward(
+            self.runner, self.cache, self.ids, self.start, self.pad, self.layer_ids
         )
-        return StepOutput(logits, context)
 
     def __call__(self, input_ids: torch.Tensor, start: int) -> StepOutput:
         if start + self.n > self.cache.capacity:
             raise ValueError(
                 f"cache: {start + self.n} columns needed, capacity {self.cache.capacity}"
             )
-        self.ids.copy_(input_ids.view(1, self.n))
+        self.ids.copy_(input_ids.view(self.ids.shape))
         self.start.fill_(start)
         self.graph.replay()
         context = None if self.out.context is None else self.out.context.clone()

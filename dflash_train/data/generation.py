@@ -4,6 +4,7 @@ batch as it goes so long answers do not keep short ones' slots busy."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -11,10 +12,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dflash_train.cached_target import CachedTarget
+from dflash_train.cached_target import CachedTarget, GraphedStep
 
 if TYPE_CHECKING:
     from dflash_train.targets import Target
+
+log = logging.getLogger(__name__)
 
 # Every COMPACT_EVERY steps the host looks at which rows finished (one sync), and drops
 # them once fewer than COMPACT_BELOW of the rows are still generating.
@@ -47,17 +50,24 @@ class Progress:
 
 
 def pick_tokens(
-    logits: torch.Tensor, temperature: float, generator: torch.Generator | None
+    logits: torch.Tensor, temperature: float | torch.Tensor, generator: torch.Generator | None
 ) -> torch.Tensor:
     """Argmax at temperature 0; otherwise a sample from softmax(logits / T) drawn with the
-    Gumbel-max trick from `generator`, so a seeded run repeats itself exactly."""
-    if temperature <= 0:
-        return logits.argmax(dim=-1)
+    Gumbel-max trick from `generator`, so a seeded run repeats itself exactly. `temperature`
+    may be one per row (a tensor [B]; rows at 0 stay greedy)."""
+    if not isinstance(temperature, torch.Tensor):
+        if temperature <= 0:
+            return logits.argmax(dim=-1)
+        temperature = torch.full((logits.shape[0],), float(temperature), device=logits.device)
+    greedy = logits.argmax(dim=-1)
+    if bool((temperature <= 0).all()):
+        return greedy
     uniform = torch.rand(
         logits.shape, generator=generator, device=logits.device, dtype=torch.float32
     )
     gumbel = -torch.log(-torch.log(uniform.clamp_min(1e-20)))
-    return (logits.float() / temperature + gumbel).argmax(dim=-1)
+    scaled = logits.float() / temperature.clamp_min(1e-6)[:, None]
+    return torch.where(temperature > 0, (scaled + gumbel).argmax(dim=-1), greedy)
 
 
 @torch.inference_mode()
@@ -67,12 +77,16 @@ def generate_rows(
     *,
     max_new_tokens: int,
     stop_ids: Sequence[int],
-    temperature: float = 0.0,
+    temperature: float | Sequence[float] = 0.0,
     generator: torch.Generator | None = None,
     on_tokens: Callable[[int], None] | None = None,
+    graphs: bool | None = None,
 ) -> list[list[int]]:
     """New tokens of every prompt (one batch), each cut after its first stop token.
-    `on_tokens(n)` hears how many answer tokens were produced since its last call."""
+    `temperature`: one for all rows or one per row. `on_tokens(n)` hears how many answer
+    tokens were produced since its last call. On CUDA the decode step replays a captured
+    graph (all rows run to the end or until all finished); elsewhere, or if capture fails,
+    it runs eagerly and drops finished rows as it goes."""
     device = runner.device
     batch = len(prompts)
     width = max(len(p) for p in prompts)
@@ -82,7 +96,18 @@ def generate_rows(
         ids[row, pads[row] :] = torch.tensor(list(prompt), dtype=torch.long)
     cache = runner.new_cache(batch, width + max_new_tokens, pads)
     pad = torch.tensor(pads, device=device)
+    temps: float | torch.Tensor = (
+        float(temperature)
+        if isinstance(temperature, (int, float))
+        else torch.tensor(list(temperature), dtype=torch.float32, device=device)
+    )
     logits = runner.forward(cache, ids.to(device), 0, pad=pad).logits[:, -1]
+    graph = None
+    if (device.type == "cuda" if graphs is None else graphs) and max_new_tokens > 1:
+        try:
+            graph = GraphedStep(runner, cache, 1, (), pad=pad)
+        except RuntimeError as exc:
+            log.warning("CUDA graph capture failed (%s); decoding eagerly", exc)
     out = torch.full((batch, max_new_tokens), -1, dtype=torch.long, device=device)
     rows = torch.arange(batch, device=device)  # original row of each live row
     stops = torch.tensor(list(stop_ids), device=device)
@@ -90,7 +115,7 @@ def generate_rows(
     produced = torch.zeros((), dtype=torch.long, device=device)
     reported = 0
     for step in range(max_new_tokens):
-        token = pick_tokens(logits, temperature, generator)
+        token = pick_tokens(logits, temps, generator)
         out[rows, step] = token
         produced += (~done).sum()
         done |= torch.isin(token, stops)
@@ -105,10 +130,15 @@ def generate_rows(
                 reported = total
             if count == 0:
                 break
-            if count < COMPACT_BELOW * rows.numel():
+            if graph is None and count < COMPACT_BELOW * rows.numel():
                 cache = cache.keep_rows(alive)
                 rows, pad, token, done = rows[alive], pad[alive], token[alive], done[alive]
-        logits = runner.forward(cache, token[:, None], width + step, pad=pad).logits[:, -1]
+                if isinstance(temps, torch.Tensor):
+                    temps = temps[alive]
+        if graph is not None:
+            logits = graph(token[:, None], width + step).logits[:, -1]
+        else:
+            logits = runner.forward(cache, token[:, None], width + step, pad=pad).logits[:, -1]
     if on_tokens is not None:
         on_tokens(int(produced) - reported)
     stop_set = {int(s) for s in stop_ids}

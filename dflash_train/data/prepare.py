@@ -225,7 +225,7 @@ def _generate(
     runner: CachedTarget | None,
     prompts: list[list[int]],
     config: PrepareConfig,
-    temperature: float,
+    temperatures: list[float],
     seed: int,
     stops: list[int],
     progress: Progress,
@@ -245,19 +245,24 @@ def _generate(
                 batch,
                 max_new_tokens=config.max_new_tokens,
                 stop_ids=stops,
-                temperature=temperature,
+                temperature=[temperatures[i] for i in rows],
                 generator=generator,
                 on_tokens=progress.add_tokens,
             )
-        else:
+        else:  # generate() takes one temperature a call
             torch.manual_seed(seed * 1_000_003 + number)
-            out = generate_rows_hf(
-                target,
-                batch,
-                max_new_tokens=config.max_new_tokens,
-                stop_ids=stops,
-                temperature=temperature,
-            )
+            out = [[] for _ in rows]
+            for value in sorted({temperatures[i] for i in rows}):
+                part = [k for k, i in enumerate(rows) if temperatures[i] == value]
+                made = generate_rows_hf(
+                    target,
+                    [batch[k] for k in part],
+                    max_new_tokens=config.max_new_tokens,
+                    stop_ids=stops,
+                    temperature=value,
+                )
+                for k, answer in zip(part, made, strict=True):
+                    out[k] = answer
             progress.add_tokens(sum(map(len, out)))
         for i, answer in zip(rows, out, strict=True):
             answers[i] = answer
@@ -268,8 +273,8 @@ def _generate(
 def run_jobs(
     target: Target, runner: CachedTarget | None, jobs: Sequence[Job], config: PrepareConfig
 ) -> list[Sample]:
-    """Make every job's sample, passes in order, each seeded by (seed, pass, turn, batch).
-    Turn r of every conversation of a pass is generated together, given its turns < r."""
+    """Make every job's sample, seeded by (seed, turn, batch). Turn r of every conversation
+    is generated together, given its turns < r."""
     tokenizer = target.tokenizer
     stops = stop_token_ids(target)
     stop_set = set(stops)
@@ -286,29 +291,32 @@ def run_jobs(
     total = sum(len(b.points) for b in builders.values())
     progress = Progress(0 if keep else total, "prepare")
     try:
-        for repeat in sorted({job.repeat for job in jobs}):
-            temperature = config.temperature
-            if repeat > 0 and temperature == 0:
-                temperature = REPEAT_TEMPERATURE
-            pass_jobs = [builders[j.index] for j in jobs if j.repeat == repeat]
-            for rank in range(max(len(b.points) for b in pass_jobs)):
-                active = [b for b in pass_jobs if rank < len(b.points)]
-                if keep:
-                    for b in active:
-                        point = b.points[rank]
-                        b.prompt_ids(point)
-                        b.add_answer(point, *kept_answer(tokenizer, b, point, stops))
-                    continue
-                prompts = [b.prompt_ids(b.points[rank]) for b in active]
-                seed = (config.seed * 1_009 + repeat) * 1_013 + rank
-                answers = _generate(
-                    target, runner, prompts, config, temperature, seed, stops, progress
-                )
-                for b, answer in zip(active, answers, strict=True):
-                    finished = bool(answer) and answer[-1] in stop_set
-                    body = answer[:-1] if finished else answer
-                    stop = tokenizer.decode(answer[-1:]) if finished else ""
-                    b.add_answer(b.points[rank], answer, tokenizer.decode(body), stop)
+        # Turn r of every conversation, of every pass, is generated together: passes only
+        # differ in temperature, which is per row, so batches stay full.
+        order = [builders[j.index] for j in jobs]
+        temperature = {
+            j.index: config.temperature
+            if j.repeat == 0 or config.temperature > 0
+            else REPEAT_TEMPERATURE
+            for j in jobs
+        }
+        for rank in range(max(len(b.points) for b in order)):
+            active = [(j, b) for j, b in zip(jobs, order, strict=True) if rank < len(b.points)]
+            if keep:
+                for _, b in active:
+                    point = b.points[rank]
+                    b.prompt_ids(point)
+                    b.add_answer(point, *kept_answer(tokenizer, b, point, stops))
+                continue
+            prompts = [b.prompt_ids(b.points[rank]) for _, b in active]
+            temps = [temperature[j.index] for j, _ in active]
+            seed = config.seed * 1_013 + rank
+            answers = _generate(target, runner, prompts, config, temps, seed, stops, progress)
+            for (_, b), answer in zip(active, answers, strict=True):
+                finished = bool(answer) and answer[-1] in stop_set
+                body = answer[:-1] if finished else answer
+                stop = tokenizer.decode(answer[-1:]) if finished else ""
+                b.add_answer(b.points[rank], answer, tokenizer.decode(body), stop)
     except ChatTemplateError as exc:
         raise PrepareError(str(exc)) from None
     finally:

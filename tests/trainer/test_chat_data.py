@@ -202,3 +202,34 @@ def test_cached_target_matches_the_hf_forward(smollm2: Target, tiny_target: Targ
         torch.testing.assert_close(out.logits[1, 2:], reference.logits[0, :3])
         # A one-token step sums in another order than the full forward: float32 rounding.
         torch.testing.assert_close(step.logits[0, 0], reference.logits[0, 5], atol=1e-4, rtol=1e-4)
+
+
+def test_the_graph_ready_step_matches_the_cached_forward(tiny_target: Target) -> None:
+    """static_forward (what a CUDA graph captures: fixed shapes, whole-cache attention with
+    masks, grouped-query products) computes what CachedTarget.forward does, padded rows too."""
+    from dflash_train.cached_target import static_forward
+
+    runner = CachedTarget(tiny_target)
+    prompts = torch.tensor([[1, 5, 9, 14], [0, 0, 3, 7]])
+    pad = torch.tensor([0, 2])
+    eager, static = runner.new_cache(2, 7, pad=[0, 2]), runner.new_cache(2, 7, pad=[0, 2])
+    with torch.inference_mode():
+        runner.forward(eager, prompts, 0, pad=pad)
+        runner.forward(static, prompts, 0, pad=pad)
+        for column, token in enumerate([[4, 8], [6, 2]], start=4):
+            ids = torch.tensor(token)[:, None]
+            want = runner.forward(eager, ids, column, pad=pad, layer_ids=[1, 5])
+            got = static_forward(runner, static, ids, torch.tensor(column), pad, [1, 5])
+            torch.testing.assert_close(got.logits, want.logits, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(got.context, want.context, atol=1e-5, rtol=1e-4)
+
+
+def test_per_row_temperatures_keep_greedy_rows_greedy() -> None:
+    from dflash_train.data.generation import pick_tokens
+
+    logits = torch.randn(4, 50)
+    generator = torch.Generator().manual_seed(0)
+    picked = pick_tokens(logits, torch.tensor([0.0, 1.0, 0.0, 1.0]), generator)
+    assert picked[[0, 2]].tolist() == logits[[0, 2]].argmax(dim=-1).tolist()
+    again = pick_tokens(logits, torch.tensor([0.0, 1.0, 0.0, 1.0]), generator.manual_seed(0))
+    assert again.tolist() == picked.tolist()
