@@ -24,7 +24,8 @@ stage_suite() {
   say "speed suite"
   nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv
   timeout "${SUITE_TIMEOUT:-440}" $py bench/pipeline.py --suite speed --deadline "${SUITE_DEADLINE:-360}" \
-    --steps 6 --target-calls 8 --seconds 5 --rounds 2 --out "$OUT/speed_h200.json" 2>&1 | tee "$OUT/speed_h200.log"
+    --steps 6 --target-calls 8 --seconds 5 --rounds 2 --cases "${SUITE_CASES:-}" \
+    --out "$OUT/speed_h200.json" 2>&1 | tee "$OUT/speed_h200.log"
 }
 
 stage_launch() {
@@ -37,7 +38,7 @@ stage_launch() {
     --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- \
     --target-model random:qwen3-8b --data-dir /tmp/synth --draft-layers 2 --num-anchors 512 \
     --tokens-per-batch 8192 --num-buckets 4 --max-length 2048 --target-gpus 0 --drafter-gpus 0 \
-    --max-steps "${LAUNCH_STEPS:-200}" --save-every 100 --log-every 10 | tee "$OUT/launch.reply.json"
+    --max-steps "${LAUNCH_STEPS:-200}" --save-every 100 --log-every 5 | tee "$OUT/launch.reply.json"
   local start=$SECONDS state=running
   while [ $((SECONDS - start)) -lt "${LAUNCH_LIMIT:-240}" ]; do
     state=$($py -m dflash_train status "$run" | $py -c "import json,sys;print(json.load(sys.stdin).get('state'))")
