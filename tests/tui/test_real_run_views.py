@@ -41,18 +41,15 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 MUTATING = ("launch", "stop", "restart", "set")
+# A random tiny target (no weights to load): real training steps in a second or two.
+TINY_TARGET = "random:tiny"
 __all__ = ["tiny_data"]  # the module fixture, shared with the live-run test
 
 
 @pytest.fixture
 def live_tiny_run(tiny_data: Path, tmp_path: Path) -> Iterator[Path]:
     run_dir = tmp_path / "run"
-    args = [
-        "--target-model", "random:tiny", "--data-dir", str(tiny_data),
-        "--target-gpus", "cpu", "--drafter-gpus", "cpu", "--pipeline", "sync",
-        "--epochs", "500", "--draft-layers", "1", "--max-length", "128", "--block-size", "4",
-        "--num-anchors", "4", "--tokens-per-batch", "256", "--save-every", "0",
-    ]  # fmt: skip
+    args = box.tiny_train_args(TINY_TARGET, tiny_data, "--epochs", "500", "--save-every", "0")
     reply = box.launch(run_dir, args)
     assert reply.ok, reply
     try:
@@ -205,13 +202,8 @@ async def test_replay_a_finished_real_run_over_openssh(
     from tests.tui.console_harness import wait_until
 
     run_dir = tmp_path / "run"
-    args = [
-        "--target-model", "random:tiny", "--data-dir", str(tiny_data),
-        "--target-gpus", "cpu", "--drafter-gpus", "cpu", "--pipeline", "sync",
-        "--epochs", "500", "--max-steps", "8", "--save-every", "3", "--draft-layers", "1",
-        "--max-length", "128", "--block-size", "4", "--num-anchors", "4",
-        "--tokens-per-batch", "256",
-    ]  # fmt: skip
+    extra = ("--epochs", "500", "--max-steps", "8", "--save-every", "3")
+    args = box.tiny_train_args(TINY_TARGET, tiny_data, *extra)
     reply = box.launch(run_dir, args)
     assert reply.ok, reply
     try:
