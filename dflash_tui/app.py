@@ -191,6 +191,8 @@ class DflashApp(App[None]):
     def _on_line(self, line: StatusLine) -> None:
         if line.run != self.state.run_id:
             self.wandb_url = None
+        if line.kind == "run_start" and line.get("history") is not True:
+            self.log_tail, self.log_tail_run = [], None  # the crash it showed is over
         self.state.apply(line)
         self.seen[line.kind] += 1
         alert = self.alerts.on_line(line)

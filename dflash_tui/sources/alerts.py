@@ -77,6 +77,8 @@ class AlertTracker:
     def on_line(self, line: StatusLine) -> Alert | None:
         if line.run != self.run_id and line.run != "gpus":
             self._new_run(line.run)
+        elif line.kind == "run_start" and line.get("history") is not True:
+            self._new_run(line.run)  # restarted under the same id: a new life, new alerts
         if line.kind == "run_end" and line["reason"] == "error":
             tail = line.get("error_tail")
             last = tail.strip().splitlines()[-1] if isinstance(tail, str) and tail.strip() else ""

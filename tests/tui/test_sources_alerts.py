@@ -127,3 +127,16 @@ def test_a_silent_stream_is_a_stall_only_while_the_box_says_the_trainer_lives() 
                                              log_tail=["Killed"]))  # fmt: skip
     assert crash is not None and crash.cause == "crash" and "train.log: Killed" in crash.text
     assert dead.check("stalled", "connected", 20) == []  # one alert for one cause
+
+
+def test_a_restart_under_the_same_run_id_clears_the_crash() -> None:
+    tracker = AlertTracker(clock=lambda: 0.0)
+    assert tracker.on_line(line("run_end", reason="error", exit_code=1)) is not None
+    assert tracker.badge == "crashed"
+    start = {"config": {}, "topology": {}, "dataset": {}, "batches_per_epoch": 1,
+             "total_steps": 9, "pid": 1, "host": "h"}  # fmt: skip
+    tracker.on_line(line("run_start", history=True, **start))
+    assert tracker.badge == "crashed"  # the summary of the past is no restart
+    tracker.on_line(line("run_start", **start))
+    assert tracker.badge is None
+    assert tracker.on_line(line("run_end", reason="error", exit_code=1)) is not None
