@@ -61,6 +61,32 @@ class AsyncCheckpointer:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.last_stall_s = 0.0
+        # Pinning ~12 bytes per parameter takes seconds (cudaHostAlloc): do it now, in the
+        # background, so the first checkpoint does not wait for it.
+        from dflash_train.drafter import DFlashDrafter, _unwrap
+
+        model = _unwrap(drafter)
+        with torch.device("meta"):
+            self._meta = DFlashDrafter(model.config)
+        self._pin = next(model.parameters()).is_cuda
+        self._shapes = [
+            (p.shape, p.dtype) for group in optimizer.param_groups for p in group["params"]
+        ]
+        self._prepared = threading.Thread(target=self._prepare, name="checkpoint-pin", daemon=True)
+        self._prepared.start()
+
+    def _prepare(self) -> None:
+        shadow = self._meta.to_empty(device="cpu")
+        if self._pin:
+            for tensor in [*shadow.parameters(), *shadow.buffers()]:
+                tensor.data = tensor.data.pin_memory()
+        for index, (shape, dtype) in enumerate(self._shapes):
+            # AdamW's moments, shaped like their parameter.
+            self._opt_host[index] = {
+                name: torch.empty(shape, dtype=dtype, pin_memory=self._pin)
+                for name in ("exp_avg", "exp_avg_sq")
+            }
+        self._shadow = shadow
 
     # -- main thread --------------------------------------------------------------------
     def save(
@@ -94,18 +120,12 @@ class AsyncCheckpointer:
         return self._thread is not None and self._thread.is_alive()
 
     def _capture(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        from dflash_train.drafter import DFlashDrafter, _unwrap
+        from dflash_train.drafter import _unwrap
 
         model = _unwrap(self.drafter)
-        pin = next(model.parameters()).is_cuda
-        if self._shadow is None:
-            with torch.device("meta"):
-                shadow = DFlashDrafter(model.config)
-            shadow = shadow.to_empty(device="cpu")
-            if pin:
-                for tensor in [*shadow.parameters(), *shadow.buffers()]:
-                    tensor.data = tensor.data.pin_memory()
-            self._shadow = shadow
+        pin = self._pin
+        self._prepared.join()
+        assert self._shadow is not None
         with torch.no_grad():
             host = self._shadow.state_dict()
             for name, value in model.state_dict().items():
