@@ -178,8 +178,9 @@ def export_checkpoint(
     dest = Path(out).expanduser().absolute()
     run_id = recorded_run(checkpoint)
     in_run_dir = dest.name == "export" and (dest.parent / "checkpoints").is_dir()
-    if in_run_dir and run_id is not None and export_owner(dest) not in (None, run_id):
-        # Another run's export: kept, in that run's checkpoint folder, never overwritten.
+    if in_run_dir and run_id is not None and dest.is_dir() and export_owner(dest) != run_id:
+        # Another run's export (or one of unknown origin, from an older version): kept, in
+        # that run's checkpoint folder (else export.before-<run>), never overwritten.
         set_aside_export(dest.parent, run_id)
     drafter = load_drafter(checkpoint, "cpu")
     info = {

@@ -136,3 +136,13 @@ def test_an_export_of_another_run_is_moved_aside_not_overwritten(tmp_path: Path)
 def test_a_run_id_must_be_a_plain_folder_name(bad: str) -> None:
     with pytest.raises(ValueError, match="run_id: "):
         check_run_id(bad)
+
+
+def test_an_export_of_unknown_origin_is_kept_too(tmp_path: Path) -> None:
+    # Written by an earlier version: no dflash_export.json says whose it is.
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "config.json").write_text("{}")
+    _save(tmp_path, "runB", 2)
+    export_checkpoint(tmp_path, tmp_path / "export")
+    assert (tmp_path / "export.before-runB" / "config.json").read_text() == "{}"
+    assert checkpoint_layout.export_owner(tmp_path / "export") == "runB"
