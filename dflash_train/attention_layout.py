@@ -11,12 +11,12 @@ Two implementations of that one rule:
   (`warm_up`): a compile inside a worker holding the GIL once hung a launch.
 - "sdpa" (the reference, and the CPU path): SDPA with a dense boolean [B,1,Q,S+Q] mask.
 
-`DFLASH_ATTENTION=sdpa|flex|auto` picks one for backend "auto"."""
+The trainer's `attention` option (or DFLASH_ATTENTION, read by the config loader) picks
+one; "auto" is flex where the device runs it, else sdpa."""
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -83,13 +83,6 @@ def resolve_backend(backend: str, device: torch.device) -> str:
         raise ValueError(f"attention backend: {backend!r} is not one of {BACKENDS}")
     if backend != "auto":
         return backend
-    chosen = os.environ.get("DFLASH_ATTENTION", "auto").strip() or "auto"
-    if chosen not in BACKENDS:
-        raise ValueError(f"DFLASH_ATTENTION: {chosen!r} is not one of {BACKENDS}")
-    if chosen == "sdpa":
-        return "sdpa"
-    if chosen == "flex":
-        return "flex" if device.type != "cuda" or flex_usable(device) else "sdpa"
     return "flex" if flex_usable(device) else "sdpa"
 
 

@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_train import checkpoints
+from dflash_train.config.train_config import RUN_ID_PATTERN
+
+if TYPE_CHECKING:
+    from dflash_train.config import TrainConfig
 
 # A run id becomes a directory name: one plain path component, nothing to escape with.
-RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+RUN_ID = RUN_ID_PATTERN
 EXPORT_INFO = "dflash_export.json"
 DRAFTER_CONFIG = "drafter_config.json"  # drafter.CONFIG_FILE, named here without torch
 # The fields a resumed checkpoint must agree on with the run that loads it, in the order
@@ -145,21 +148,21 @@ def target_identity(spec: str) -> str:
     return str(resolved.path) if resolved.kind == "hf" else resolved.spec.strip()
 
 
-def facts_from_args(args: Any) -> dict[str, Any]:
-    """The same facts for a run about to start with these train args (torch-free: the
+def facts_from_config(config: TrainConfig) -> dict[str, Any]:
+    """The same facts for a run about to start with this config (torch-free: the
     target's shape comes from its config, not from loading it)."""
     from dflash_train.targets import context_layer_count, resolve_target, target_layer_ids
 
     facts: dict[str, Any] = {
-        "target_model": target_identity(args.target_model),
-        "block_size": args.block_size,
-        "draft_layers": args.draft_layers,
+        "target_model": target_identity(config.train.target_model),
+        "block_size": config.model.block_size,
+        "draft_layers": config.model.draft_layers,
     }
     try:
-        resolved = resolve_target(args.target_model)
+        resolved = resolve_target(config.train.target_model)
     except ValueError:
         return facts
-    k = context_layer_count(resolved.num_layers, args.target_layers)
+    k = context_layer_count(resolved.num_layers, config.model.target_layers)
     try:
         ids = target_layer_ids(resolved.num_layers, k)
     except ValueError:

@@ -15,12 +15,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflash_train.config.environment import STALL_SAVE_VAR, stall_save_at_step
+
 COMPLETE_MARKER = "complete"
 STATE_FILE = "trainer_state.json"
 _STEP_DIR = re.compile(r"^step_(\d{7,})$")
 # Test hook: stall the save of this step after its files are written and before the
 # marker, so a test can SIGKILL the trainer inside the real save path.
-STALL_ENV = "DFLASH_TEST_STALL_SAVE_AT_STEP"
+STALL_ENV = STALL_SAVE_VAR
 # Below this much free space after a failed save, the disk is what failed.
 DISK_FULL_BYTES = 1 << 20
 
@@ -201,7 +203,7 @@ def save_checkpoint(
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         torch.save(rng, tmp / "rng.pt")
         (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2), encoding="utf-8")
-        if os.environ.get(STALL_ENV) == str(state.step):
+        if stall_save_at_step() == str(state.step):
             time.sleep(3600)
         files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
         marker = {"step": state.step, "files": files, "written_at": time.time()}

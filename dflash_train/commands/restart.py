@@ -1,6 +1,6 @@
 """`dflash-train restart RUN_DIR [--fresh] [--set key=value ...] [-- --option VALUE ...]`:
-stop the run, then launch its recorded train args again (resuming unless --fresh) with
-the overrides applied. A bad override is refused before anything is stopped."""
+stop the run, then start its recorded config again (resuming unless --fresh) with the
+overrides applied. A bad override is refused before anything is stopped."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def add_restart_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="live setting for the new start (repeatable), e.g. hs_min_ready=30",
+        help="any train option for the new start (repeatable), e.g. epochs=8 or hs_min_ready=30",
     )
     parser.add_argument(
         "--stop-timeout", type=float, default=60.0, help="seconds before SIGKILL (default 60)"

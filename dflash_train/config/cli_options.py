@@ -9,7 +9,13 @@ from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 from dflash_train.config.loader import ResolvedConfig, load_config
-from dflash_train.config.train_config import GROUP_TITLES, GROUPS, OPTIONS, ConfigError
+from dflash_train.config.train_config import (
+    GROUP_TITLES,
+    GROUPS,
+    OPTIONS,
+    ConfigError,
+    TrainConfig,
+)
 
 CONTROL_DESTS = ("config", "print_config")
 
@@ -70,6 +76,7 @@ def resolve_train_args(
     *,
     environ: Mapping[str, str] | None = None,
     output_dir: str | None = None,
+    check: bool = True,
 ) -> ResolvedConfig:
     """The config `dflash-train train TRAIN_ARGS` would run with; raises ConfigError.
     `output_dir` is given by the caller (launch sets it from RUN_DIR)."""
@@ -81,7 +88,7 @@ def resolve_train_args(
     cli = given_options(args)
     if output_dir is not None:
         cli["output_dir"] = output_dir
-    return load_config(cli, config_file=args.config, environ=environ)
+    return load_config(cli, config_file=args.config, environ=environ, check=check)
 
 
 def parse_flags(words: Sequence[str]) -> dict[str, object]:
@@ -93,3 +100,16 @@ def parse_flags(words: Sequence[str]) -> dict[str, object]:
     if args.config is not None or args.print_config:
         raise ConfigError("--config: not an override (give options one by one)")
     return given_options(args)
+
+
+def config_args(config: TrainConfig) -> list[str]:
+    """Flags that give `config` on a command line: every option that differs from its
+    default, the run dir and run id left out (launch sets them), the resume point last."""
+    words: list[str] = []
+    for name, spec in OPTIONS.items():
+        value = config.get(name)
+        if name not in ("output_dir", "run_id", "resume_from") and value != spec.default:
+            words += [spec.flag, spec.text(value)]
+    if config.run.resume_from:
+        words += ["--resume-from", config.run.resume_from]
+    return words

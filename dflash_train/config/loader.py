@@ -172,8 +172,9 @@ def load_config(
     *,
     config_file: str | Path | None = None,
     environ: Mapping[str, str] | None = None,
+    check: bool = True,
 ) -> ResolvedConfig:
     """defaults < config file < environment < command line."""
     layers = [] if config_file is None else [file_layer(config_file)]
     layers += [environment_layer(environ), cli_layer(cli)]
-    return resolve(layers)
+    return resolve(layers, check=check)

@@ -5,7 +5,7 @@ a checked value. Standard library only: the console imports it."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +77,7 @@ class Option:
     env: str | None = None  # an environment variable that may set it
     metavar: str | None = None
     live: bool = False  # changeable while the run trains (`dflash-train set`)
+    rule: Callable[[Any], None] | None = None  # more checks of a parsed value (OptionError)
 
     @property
     def flag(self) -> str:
@@ -113,7 +114,10 @@ class Option:
         if self.kind == "bool":
             return self._parse_bool(raw)
         if self.kind in ("str", "choice"):
-            return self._parse_text(raw)
+            text = self._parse_text(raw)
+            if self.rule is not None:
+                self.rule(text)
+            return text
         value = self._parse_number(raw)
         self._check_bounds(value)
         return value

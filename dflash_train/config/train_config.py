@@ -6,6 +6,7 @@ come from these dataclasses. Standard library only: the console imports it."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,24 @@ from dflash_train.config.options import Option, OptionError, option
 
 class ConfigError(ValueError):
     """One line naming the option (or file, or key) at fault and the reason."""
+
+
+# A run id names the run's checkpoint folder (checkpoint_layout.py checks it the same way).
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def _run_id_rule(value: str) -> None:
+    if not RUN_ID_PATTERN.fullmatch(value) or value in (".", ".."):
+        raise OptionError(
+            f"{value!r} is not 1-64 letters, digits, '_', '-' or '.' starting with a letter "
+            "or digit (it names the run's checkpoint folder)"
+        )
+
+
+def _mask_token_rule(value: str) -> None:
+    """`auto`, `learned` or a token id (mask_token.py reads it)."""
+    if value not in ("auto", "learned") and not value.isdigit():
+        raise OptionError(f"expected auto, learned or a token id, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -32,7 +51,7 @@ class TrainWhat:
 @dataclass(frozen=True)
 class RunOptions:
     run_id: str | None = option(
-        "str", None, "default: a fresh id", env="DFLASH_RUN_ID", metavar="ID"
+        "str", None, "default: a fresh id", env="DFLASH_RUN_ID", metavar="ID", rule=_run_id_rule
     )
     resume_from: str | None = option(
         "str", None, "a checkpoint dir, or latest", metavar="PATH|latest"
@@ -86,6 +105,7 @@ class ModelOptions:
         "block mask: auto (a real token id, never in the data), a token id, or learned "
         "(a vector no inference engine loads)",
         metavar="auto|ID|learned",
+        rule=_mask_token_rule,
     )
     attention: str = option(
         "choice",
@@ -115,6 +135,10 @@ class PipelineOptions:
         "one rank per entry, DDP when several (default: GPU 0, else cpu)",
         metavar="cpu|5,6,...",
     )
+    compile_target: bool = option(
+        "bool", True, "torch.compile the target's decoder layers (CUDA targets only)",
+        env="DFLASH_COMPILE_TARGET",
+    )  # fmt: skip
     hs_queue_depth: int | None = option(
         "int", None, "most hidden-state batches held ready (default 8, live)", minimum=1,
         maximum=protocol.LIVE_SETTINGS["hs_queue_depth"].maximum, live=True,
@@ -248,15 +272,4 @@ def check_config(config: TrainConfig) -> None:
     try:
         protocol.validate_settings(config.live_settings(), {})
     except protocol.SettingError as exc:
-        raise ConfigError(str(exc)) from None
-    # Stdlib-only checks owned by the modules that use the values (issue 12).
-    from dflash_train.checkpoint_layout import check_run_id
-    from dflash_train.mask_token import parse_mask_request
-
-    try:
-        parse_mask_request(config.get("mask_token"))
-        run_id = config.get("run_id")
-        if run_id is not None:
-            check_run_id(run_id)
-    except ValueError as exc:
         raise ConfigError(str(exc)) from None

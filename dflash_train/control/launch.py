@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from dflash_train import checkpoint_layout, protocol
-from dflash_train.control.preflight import PreflightError, run_preflight
+from dflash_train.config import ResolvedConfig
+from dflash_train.control.preflight import (
+    PreflightError,
+    preflight_config,
+    resolve_launch_config,
+)
+from dflash_train.control.run_config import with_values, write_run_config
 from dflash_train.control.run_status import find_lines, log_tail
 from dflash_train.rundir import RunDir, atomic_write_json, lock_holder_pid, lock_is_held, read_json
 from dflash_train.status_writer import last_record
@@ -142,8 +148,9 @@ def _start(
     env: Mapping[str, str],
     env_file: str | None = None,
 ) -> Started:
+    # The trainer runs exactly the config the run dir records (written just before).
     argv = [sys.executable, "-m", "dflash_train", "train", "--output-dir", str(run_dir.root)]
-    argv += list(train_args)
+    argv += ["--config", str(run_dir.config)]
     last = last_record(run_dir.status)
     # A resumed run id continues its seq: only a run_start past this one is ours.
     baseline = last.seq if last is not None and last.run == run_id else -1
@@ -258,11 +265,13 @@ def start_verified(
     min_free_bytes: int | None = None,
     run_id: str | None = None,
     env_file: str | None = None,
+    config: ResolvedConfig | None = None,
 ) -> protocol.Reply:
-    """Preflight, start, verify. The caller holds `control_guard`."""
+    """Preflight, record the config, start, verify. `config` is what to run (a restart's);
+    without it, `train_args` are resolved in the trainer's environment. `train_args` are
+    recorded in run.json as given. The caller holds `control_guard`."""
     try:
-        if env_file:
-            load_env_file(env_file)  # refused before anything starts
+        file_env = load_env_file(env_file) if env_file else {}  # refused before anything starts
         if lock_is_held(run_dir.lock):
             holder = lock_holder_pid(run_dir.lock)
             record: Any = read_json(run_dir.run_json) or {}
@@ -273,16 +282,20 @@ def start_verified(
                 pid=holder,
                 run_id=record.get("run_id"),
             )
-        args = run_preflight(
-            run_dir, train_args, allow_busy=allow_busy, min_free_bytes=min_free_bytes, environ=env
+        if config is None:
+            config = resolve_launch_config(run_dir, train_args, {**file_env, **env})
+        preflight_config(
+            run_dir, config.config, allow_busy=allow_busy, min_free_bytes=min_free_bytes
         )
     except PreflightError as exc:
         return protocol.reply_error("launch", exc.code, exc.message)
-    run_id = args.run_id or run_id or env.get("DFLASH_RUN_ID") or uuid.uuid4().hex[:12]
+    # $DFLASH_RUN_ID given with --env is in the config already (the loader reads it).
+    run_id = config.config.run.run_id or run_id or uuid.uuid4().hex[:12]
     try:
         checkpoint_layout.check_run_id(run_id)  # it names the run's checkpoint folder
     except ValueError as exc:
         return protocol.reply_error("launch", "bad_train_args", str(exc))
+    write_run_config(run_dir, with_values(config, "launch", run_id=run_id))
     started = _start(run_dir, run_id, train_args, env, env_file)
     return _verify(run_dir, started, wait_s)
 

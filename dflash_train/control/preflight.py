@@ -61,18 +61,6 @@ def resolve_launch_config(
         raise PreflightError("bad_train_args", f"train args: {exc}") from None
 
 
-def parse_train_args(
-    run_dir: RunDir, train_args: Sequence[str], environ: Mapping[str, str] | None = None
-) -> argparse.Namespace:
-    """resolve_launch_config's options as a flat namespace."""
-    return _namespace(resolve_launch_config(run_dir, train_args, environ).config)
-
-
-def _namespace(config: TrainConfig) -> argparse.Namespace:
-    values = config.values().items()
-    return argparse.Namespace(**{k: list(v) if isinstance(v, tuple) else v for k, v in values})
-
-
 def check_target(spec: str) -> Any:
     from dflash_train.targets import resolve_target
 
@@ -236,17 +224,3 @@ def preflight_config(
         )
         min_free_bytes = max(MIN_FREE_BYTES, int(estimate * CHECKPOINT_HEADROOM))
     check_disk(run_dir, min_free_bytes)
-
-
-def run_preflight(
-    run_dir: RunDir,
-    train_args: Sequence[str],
-    *,
-    allow_busy: bool,
-    min_free_bytes: int | None,
-    environ: Mapping[str, str] | None = None,
-) -> argparse.Namespace:
-    """Resolve the train args, then preflight_config; raises PreflightError."""
-    config = resolve_launch_config(run_dir, train_args, environ).config
-    preflight_config(run_dir, config, allow_busy=allow_busy, min_free_bytes=min_free_bytes)
-    return _namespace(config)

@@ -1,7 +1,8 @@
-"""Restart a run: check the overrides and the checkpoint to resume first (a bad override or
-an incompatible checkpoint stops nothing), stop the trainer, then launch the recorded train
-args again, resuming the run's own newest checkpoint under the same run id, or from scratch
-under a new one (`fresh`), which leaves the old run's checkpoints and export in place."""
+"""Restart a run from its recorded config (RUN_DIR/config.json): apply the overrides (any
+option), check the whole new config and, on resume, the checkpoint it would load (a bad
+override or an incompatible checkpoint stops nothing), stop the trainer, then start the new
+config, resuming the run's own newest checkpoint under the same run id, or from scratch under
+a new one (`fresh`), which leaves the old run's checkpoints and export in place."""
 
 from __future__ import annotations
 
@@ -11,40 +12,26 @@ from typing import Any
 
 from dflash_train import checkpoint_layout, protocol
 from dflash_train.checkpoints import recorded_run
+from dflash_train.config import ConfigError, TrainConfig
+from dflash_train.config.cli_options import config_args
 from dflash_train.control.launch import (
     REDACTED,
     ControlBusy,
     control_guard,
+    load_env_file,
     start_verified,
 )
-from dflash_train.control.preflight import PreflightError, parse_train_args
-from dflash_train.control.settings import (
-    parse_overrides,
-    setting_flag,
-    settings_in_args,
-    with_overrides,
-    without_options,
+from dflash_train.control.preflight import PreflightError
+from dflash_train.control.run_config import (
+    OverrideError,
+    changed_options,
+    override_values,
+    recorded_config,
+    restarted_config,
+    with_values,
 )
 from dflash_train.control.stop import stop_run
 from dflash_train.rundir import RunDir, lock_is_held, read_json
-
-
-def _override_pairs(
-    sets: Mapping[str, str], extra: Sequence[str], recorded: Sequence[str]
-) -> list[tuple[str, str]]:
-    """`--set key=value` and `-- --option VALUE` overrides as option pairs; live settings
-    are judged together against the recorded values. Raises SettingError."""
-    pairs = parse_overrides(extra)
-    live = {
-        key: value
-        for flag, value in pairs
-        for key in protocol.LIVE_SETTINGS
-        if flag == setting_flag(key)
-    }
-    live |= dict(sets)
-    parsed = protocol.validate_settings(live, settings_in_args(recorded))
-    pairs = [(flag, value) for flag, value in pairs if flag not in map(setting_flag, parsed)]
-    return pairs + [(setting_flag(key), str(value)) for key, value in parsed.items()]
 
 
 def restart_run(
@@ -65,12 +52,6 @@ def restart_run(
         return protocol.reply_error(
             "restart", "no_record", f"run_dir: {run_dir.run_json} is missing: nothing to restart"
         )
-    recorded = [str(a) for a in record["train_args"]]
-    try:
-        pairs = _override_pairs(sets, extra_args, recorded)
-    except protocol.SettingError as exc:
-        return protocol.reply_error("restart", "bad_override", str(exc))
-    args = with_overrides(without_options(recorded, ["--resume-from", "--run-id"]), pairs)
     old_id = record.get("run_id")
     run_id = old_id if not fresh and isinstance(old_id, str) else uuid.uuid4().hex[:12]
     # Secrets were never written down: they must be given again.
@@ -83,12 +64,22 @@ def restart_run(
     recorded_file = record.get("env_file")
     env_file = env_file or (recorded_file if isinstance(recorded_file, str) else None)
     try:
-        parsed = parse_train_args(run_dir, args)  # a bad override stops nothing
+        environ = {**(load_env_file(env_file) if env_file else {}), **new_env}
+        base = recorded_config(run_dir, record, environ)
+        owned = {"run_id": run_id, "resume_from": None, "output_dir": str(run_dir.root)}
+        new = restarted_config(
+            base, override_values(sets, extra_args), environ=environ, owned=owned
+        )
+    except OverrideError as exc:  # a bad override stops nothing
+        return protocol.reply_error("restart", exc.code, exc.message)
     except PreflightError as exc:
         return protocol.reply_error("restart", exc.code, exc.message)
-    explicit = _recorded_resume(recorded)
+    except ConfigError as exc:
+        return protocol.reply_error("restart", "bad_record", f"recorded config: {exc}")
+    recorded_resume = base.config.run.resume_from
+    explicit = None if recorded_resume in (None, "latest") else recorded_resume
     if not fresh and isinstance(old_id, str):
-        refusal = _check_resumable(run_dir, old_id, parsed, recorded, explicit)
+        refusal = _check_resumable(run_dir, old_id, new.config, base.config, explicit)
         if refusal is not None:
             return refusal
     root = run_dir.checkpoints
@@ -109,11 +100,12 @@ def restart_run(
             # own checkpoints count; a run started from another run's checkpoint (an
             # explicit --resume-from PATH) that has none of its own yet starts there again.
             resume = None if fresh else checkpoint_layout.newest_of_run(root, run_id)
-            if resume is not None:
-                args += ["--resume-from", "latest"]
-            elif not fresh and explicit is not None:
+            resume_from = "latest" if resume is not None else None
+            if resume is None and not fresh and explicit is not None:
                 resume = checkpoint_layout.resolve_resume(explicit, root, run_id)
-                args += ["--resume-from", explicit]
+                resume_from = explicit
+            new = with_values(new, "restart", resume_from=resume_from)
+            args = config_args(new.config)
             launched = start_verified(
                 run_dir,
                 args,
@@ -121,8 +113,8 @@ def restart_run(
                 wait_s=wait_s,
                 allow_busy=allow_busy,
                 min_free_bytes=min_free_bytes,
-                run_id=run_id,
                 env_file=env_file,
+                config=new,
             )
     except ControlBusy as exc:
         return protocol.reply_error("restart", "busy", str(exc))
@@ -139,6 +131,7 @@ def restart_run(
         # Where the run that a fresh start left behind keeps its checkpoints and export.
         "previous_run": previous,
         "checkpoints": layout["checkpoints"],
+        "changed": changed_options(new, base),
         "train_args": args,
         "env_dropped": dropped,
     }
@@ -149,28 +142,17 @@ def restart_run(
     return protocol.reply_ok("restart", **data)
 
 
-def _recorded_resume(recorded: Sequence[str]) -> str | None:
-    """The recorded `--resume-from PATH` (a start from a chosen checkpoint), not `latest`."""
-    value = None
-    for i, arg in enumerate(recorded):
-        if arg == "--resume-from" and i + 1 < len(recorded):
-            value = recorded[i + 1]
-        elif arg.startswith("--resume-from="):
-            value = arg.split("=", 1)[1]
-    return None if value in (None, "latest") else value
-
-
 def _check_resumable(
     run_dir: RunDir,
     run_id: str,
-    parsed: Any,
-    recorded: Sequence[str],
+    new: TrainConfig,
+    recorded: TrainConfig,
     explicit: str | None,
 ) -> protocol.Reply | None:
     """Refuse (before anything is stopped) a resume whose checkpoint was trained with
-    another shape than the new args. With no checkpoint yet, the live run's recorded args
-    stand for the one it will write on SIGTERM."""
-    wanted = checkpoint_layout.facts_from_args(parsed)
+    another shape than the new config. With no checkpoint yet, the live run's recorded
+    config stands for the one it will write on SIGTERM."""
+    wanted = checkpoint_layout.facts_from_config(new)
     candidate = checkpoint_layout.newest_of_run(run_dir.checkpoints, run_id)
     try:
         if candidate is None and explicit is not None:
@@ -179,13 +161,13 @@ def _check_resumable(
             saved = checkpoint_layout.checkpoint_facts(candidate)
             what = f"checkpoint {candidate}"
         else:
-            saved = checkpoint_layout.facts_from_args(parse_train_args(run_dir, recorded))
+            saved = checkpoint_layout.facts_from_config(recorded)
             what = f"run {run_id} (no checkpoint yet; its next one)"
         checkpoint_layout.check_compatible(what, saved, wanted)
     except checkpoint_layout.IncompatibleCheckpoint as exc:
         return protocol.reply_error(
             "restart", "incompatible_checkpoint", str(exc), field=exc.field, run_id=run_id
         )
-    except (ValueError, PreflightError) as exc:
+    except ValueError as exc:
         return protocol.reply_error("restart", "bad_checkpoint", f"resume: {exc}", run_id=run_id)
     return None

@@ -32,6 +32,14 @@ def write_run_config(run_dir: RunDir, resolved: ResolvedConfig) -> None:
     atomic_write_json(run_dir.config, resolved.record())
 
 
+def with_values(resolved: ResolvedConfig, source: str, **values: Any) -> ResolvedConfig:
+    """The config with checked values set by `source` (launch's run id, say); an option
+    whose value does not change keeps its source."""
+    config = resolved.config.replace(**values)
+    changed = {k for k, v in values.items() if resolved.config.get(k) != v}
+    return ResolvedConfig(config, {**resolved.sources, **dict.fromkeys(changed, source)})
+
+
 def recorded_config(
     run_dir: RunDir, record: Mapping[str, Any], environ: Mapping[str, str]
 ) -> ResolvedConfig:
@@ -41,7 +49,8 @@ def recorded_config(
     if isinstance(data, dict):
         return resolve([record_layer(data, run_dir.config)], check=False)
     args = [str(a) for a in record.get("train_args") or ()]
-    return resolve_train_args(args, environ=environ, output_dir=str(run_dir.root))
+    # Checked whole once the overrides are applied.
+    return resolve_train_args(args, environ=environ, output_dir=str(run_dir.root), check=False)
 
 
 def override_values(sets: Mapping[str, str], extra: Sequence[str]) -> dict[str, object]:
@@ -56,9 +65,10 @@ def override_values(sets: Mapping[str, str], extra: Sequence[str]) -> dict[str, 
             raise OverrideError(
                 "bad_override", f"{key}: unknown setting (no such train option; see train --help)"
             )
+        values[key] = raw
+    for key in values:
         if key in RESTART_OWNED:
             raise OverrideError("bad_override", f"{key}: set by restart itself, not an override")
-        values[key] = raw
     return values
 
 

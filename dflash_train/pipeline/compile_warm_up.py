@@ -41,14 +41,18 @@ def linear_attention_kernels(target: Target) -> dict[str, bool] | None:
 
 
 def kernels_in_use(
-    attention_backend: str, drafter_device: torch.device, targets: Sequence[Target]
+    attention_backend: str,
+    drafter_device: torch.device,
+    targets: Sequence[Target],
+    compile_target: bool = True,
 ) -> dict[str, Any]:
     """What run_start reports: which implementation each hot part runs."""
     attention = resolve_backend(attention_backend, drafter_device)
+    compiled = bool(targets) and target_compile_wanted(targets[0], compile_target)
     return {
         "attention": "flex" if attention == "flex" else "sdpa",
         "lm_head_loss": "fused_chunked_ce",
-        "target_layers": "compiled" if targets and target_compile_wanted(targets[0]) else "eager",
+        "target_layers": "compiled" if compiled else "eager",
         "linear_attention": linear_attention_kernels(targets[0]) if targets else None,
     }
 
@@ -86,13 +90,14 @@ def compile_before_workers(
     attention_backend: str,
     shapes: Sequence[tuple[int, int]],
     emit: Emit,
+    compile_target: bool = True,
 ) -> dict[str, Any]:
     """Compile and warm everything that compiles; emit one `compiled` event (and a warning
     per fallback). Later first-time shapes report their compile through `emit` too."""
     report: dict[str, Any] = {"target_s": None, "drafter_s": None, "shapes": list(shapes)}
     seconds = 0.0
     for index, target in enumerate(targets):
-        if not target_compile_wanted(target):
+        if not target_compile_wanted(target, compile_target):
             continue
         layers = compile_target_layers(target, layer_ids)
         try:

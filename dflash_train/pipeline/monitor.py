@@ -5,7 +5,6 @@ timers, polls control.json, sends heartbeats, and mirrors figures to W&B."""
 from __future__ import annotations
 
 import collections
-import os
 import sys
 import threading
 import time
@@ -48,22 +47,6 @@ class MonitorIntervals:
     # event), so `status` sees the stream go quiet and calls the run stalled.
     stall: float = 300.0
 
-    @classmethod
-    def from_env(cls) -> MonitorIntervals:
-        raw = os.environ.get("DFLASH_PROFILE_INTERVAL")
-        try:
-            profile = float(raw) if raw else cls.profile
-        except ValueError:
-            print(f"DFLASH_PROFILE_INTERVAL: not a number: {raw!r}; using 30", file=sys.stderr)
-            profile = cls.profile
-        stall_raw = os.environ.get("DFLASH_STALL_AFTER")
-        try:
-            stall = float(stall_raw) if stall_raw else cls.stall
-        except ValueError:
-            print(f"DFLASH_STALL_AFTER: not a number: {stall_raw!r}; using 300", file=sys.stderr)
-            stall = cls.stall
-        return cls(profile=max(0.5, profile), stall=max(1.0, stall))
-
 
 class MonitorThread(threading.Thread):
     def __init__(
@@ -97,7 +80,7 @@ class MonitorThread(threading.Thread):
         self.gpu_roles = dict(gpu_roles or {})
         self.allocator_devices = allocator_devices
         self.wandb = wandb
-        self.intervals = intervals or MonitorIntervals.from_env()
+        self.intervals = intervals or MonitorIntervals()
         self._items: collections.deque[StepRecord | tuple[str, dict[str, Any]]] = (
             collections.deque()
         )

@@ -16,16 +16,16 @@ from dflash_train.pipeline.sources import EpochPlan
 from dflash_train.pipeline.target_workers import HiddenBatch
 
 if TYPE_CHECKING:
-    from dflash_train.pipeline.training_run import TrainingRun
+    from dflash_train.training.run import TrainingRun
 
 
 def run_epochs(run: TrainingRun) -> str:
     """Returns the run_end reason: completed, signal or error."""
-    args = run.args
+    epochs = run.config.optimiser.epochs
     assert run.source is not None and run.monitor is not None
     if run.step >= run.total_steps:  # resumed from the run's last checkpoint: nothing left
         return _finish(run, "completed")
-    for epoch in range(run.epoch, args.epochs):
+    for epoch in range(run.epoch, epochs):
         if run.epoch != epoch:
             run.epoch, run.consumed = epoch, set()
         order = run.plan(epoch)
@@ -50,7 +50,7 @@ def run_epochs(run: TrainingRun) -> str:
             "event",
             level="info",
             code="epoch_end",
-            message=f"epoch {epoch + 1}/{run.args.epochs} done at step {run.step}",
+            message=f"epoch {epoch + 1}/{epochs} done at step {run.step}",
             epoch=epoch,
             step=run.step,
         )
@@ -62,7 +62,7 @@ def run_epochs(run: TrainingRun) -> str:
 def _train_epoch(
     run: TrainingRun, epoch: int, batches_in_epoch: int, batches: Iterator[HiddenBatch]
 ) -> str | None:
-    args = run.args
+    log_every, save_every = run.config.run.log_every, run.config.run.save_every
     interval_tokens = interval_steps = 0
     for batch in batches:
         batch.wait_ready(run.device)
@@ -73,10 +73,10 @@ def _train_epoch(
         interval_tokens += batch.tokens
         interval_steps += 1
         reason = _stop_reason(run)
-        if interval_steps >= args.log_every or reason is not None:
+        if interval_steps >= log_every or reason is not None:
             _submit(run, epoch, batches_in_epoch, interval_tokens)
             interval_tokens = interval_steps = 0
-        if args.save_every and run.step % args.save_every == 0:
+        if save_every and run.step % save_every == 0:
             run.save()
         if reason is not None:
             return reason
@@ -134,6 +134,7 @@ def _export(run: TrainingRun) -> None:
     from dflash_train.checkpoint_layout import newest_of_run
 
     assert run.monitor is not None
+    run.wait_for_checkpoint()  # the newest checkpoint is on disk before it is exported
     source = newest_of_run(run.run_dir.checkpoints, run.run_id)
     if source is None:
         return

@@ -1,19 +1,17 @@
-"""The life of one `train` process: lock the run dir, load target(s), data and drafter,
-write run_start, run the loop over a hidden-state source, checkpoint, and end with exactly
-one run_end whatever happens (completed, signal, error)."""
+"""The life of one `train` process around its training run: lock the run dir, install the
+signal handlers, start the other ranks, open the stream, and end with exactly one run_end
+whatever happens (completed, signal, error)."""
 
 from __future__ import annotations
 
-import argparse
-import os
 import signal
 import subprocess
 import sys
-import threading
 import traceback
 import uuid
 from typing import Any
 
+from dflash_train.config import TrainConfig
 from dflash_train.control.history_cache import KEPT_POINTS
 from dflash_train.pipeline.distributed import (
     RankInfo,
@@ -23,25 +21,9 @@ from dflash_train.pipeline.distributed import (
 )
 from dflash_train.rundir import LockHeld, RunDir, RunLock
 from dflash_train.status_writer import StatusWriter
+from dflash_train.training.stop_flag import StopFlag
 
 EXIT_LOCK_HELD = 3
-
-
-class StopFlag:
-    """Set from signal handlers and the monitor; read by the loop between steps."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self.reason: str | None = None
-        self.message = ""
-
-    def request(self, reason: str, message: str = "") -> None:
-        if not self._event.is_set():
-            self.reason, self.message = reason, message
-            self._event.set()
-
-    def is_set(self) -> bool:
-        return self._event.is_set()
 
 
 def _install_signal_handlers(stop: StopFlag) -> None:
@@ -60,15 +42,11 @@ def _train_argv() -> list[str]:
     return argv[argv.index("train") + 1 :] if "train" in argv else argv
 
 
-def _resolve_run_id(args: argparse.Namespace) -> str:
-    return args.run_id or os.environ.get("DFLASH_RUN_ID") or uuid.uuid4().hex[:12]
-
-
-def train(args: argparse.Namespace) -> int:
+def train(config: TrainConfig) -> int:
     stop = StopFlag()
     _install_signal_handlers(stop)
     rank = rank_from_env()
-    run_dir = RunDir.at(args.output_dir)
+    run_dir = RunDir.at(config.train.output_dir)
     lock = RunLock(run_dir.lock)
     if rank is None or rank.is_main:
         try:
@@ -79,7 +57,7 @@ def train(args: argparse.Namespace) -> int:
             )
             return EXIT_LOCK_HELD
     children: list[subprocess.Popen[bytes]] = []
-    drafter_devices = args.drafter_gpus or _default_devices()
+    drafter_devices = config.pipeline.drafter_gpus or _default_devices()
     if rank is None and len(drafter_devices) > 1:
         # Started plainly with several drafter devices: this process becomes rank 0.
         children = spawn_other_ranks(_train_argv(), len(drafter_devices))
@@ -87,14 +65,15 @@ def train(args: argparse.Namespace) -> int:
     rank = rank or RankInfo(0, 1, 0)
     if rank.rank > 0:
         sys.stderr = RankPrefixedStream(sys.stderr, rank.rank)  # type: ignore[assignment]
-    run_id = _resolve_run_id(args)
+    # The loader already took $DFLASH_RUN_ID (launch sets it) when no --run-id was given.
+    run_id = config.run.run_id or uuid.uuid4().hex[:12]
     # The writer keeps the history summary current beside the stream: a console's first
     # attach to a days-old run reads only the stream's tail.
     writer = (
         StatusWriter(run_dir.status, run_id, summary_points=KEPT_POINTS) if rank.is_main else None
     )
     try:
-        return _run_and_report(args, run_dir, run_id, writer, rank, stop)
+        return _run_and_report(config, run_dir, run_id, writer, rank, stop)
     finally:
         _reap(children)
         if writer is not None:
@@ -116,25 +95,25 @@ def _reap(children: list[subprocess.Popen[bytes]], timeout: float = 120.0) -> No
             child.wait()
 
 
-def _default_devices() -> list[str]:
+def _default_devices() -> tuple[str, ...]:
     import torch
 
-    return ["cuda:0"] if torch.cuda.is_available() else ["cpu"]
+    return ("cuda:0",) if torch.cuda.is_available() else ("cpu",)
 
 
 def _run_and_report(
-    args: argparse.Namespace,
+    config: TrainConfig,
     run_dir: RunDir,
     run_id: str,
     writer: StatusWriter | None,
     rank: RankInfo,
     stop: StopFlag,
 ) -> int:
-    from dflash_train.pipeline.training_run import TrainingRun
+    from dflash_train.training.run import TrainingRun
 
     run: TrainingRun | None = None
     try:
-        run = TrainingRun(args, run_dir, run_id, writer, rank, stop)
+        run = TrainingRun(config, run_dir, run_id, writer, rank, stop)
         run.setup()
         reason = run.loop()
     except BaseException as exc:

@@ -1,20 +1,19 @@
-"""One training run inside a `train` process: build everything (data, targets, drafter,
-optimizer, source, monitor), resume if asked, run the step loop, checkpoint and shut down.
-trainer.py owns the process around it (lock, signals, run_end)."""
+"""One training run inside a `train` process, built from its TrainConfig: data, targets,
+drafter, optimizer, hidden-state source and monitor; resume if asked (resume.py), run the
+step loop (loop.py), checkpoint and shut down. process.py owns the process around it."""
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflash_train import checkpoint_layout, checkpoints
-from dflash_train.commands.train import settings_from_args
+from dflash_train.config import TrainConfig
+from dflash_train.pipeline.async_checkpoint import AsyncCheckpointer
 from dflash_train.pipeline.compile_warm_up import (
     compile_before_workers,
     drafter_shapes,
@@ -22,32 +21,32 @@ from dflash_train.pipeline.compile_warm_up import (
 )
 from dflash_train.pipeline.control_watch import ControlWatcher, read_control_rev
 from dflash_train.pipeline.distributed import RankGroup, RankInfo, shard_devices, shard_positions
-from dflash_train.pipeline.monitor import MonitorThread
+from dflash_train.pipeline.monitor import MonitorIntervals, MonitorThread
 from dflash_train.pipeline.pool import HiddenStatePool
 from dflash_train.pipeline.sources import AsyncSource, BatchLoader, SyncSource
 from dflash_train.pipeline.stage_timers import StageTimers
-from dflash_train.pipeline.training_loop import run_epochs
 from dflash_train.rundir import RunDir
 from dflash_train.status_writer import StatusWriter
+from dflash_train.training import resume
+from dflash_train.training.loop import run_epochs
+from dflash_train.training.stop_flag import StopFlag
 
 if TYPE_CHECKING:
-    from dflash_train.drafter import DFlashConfig
     from dflash_train.mask_token import MaskChoice
     from dflash_train.pipeline.drafter_step import DrafterStepper
-    from dflash_train.trainer import StopFlag
 
 
 class TrainingRun:
     def __init__(
         self,
-        args: argparse.Namespace,
+        config: TrainConfig,
         run_dir: RunDir,
         run_id: str,
         writer: StatusWriter | None,
         rank: RankInfo,
         stop: StopFlag,
     ) -> None:
-        self.args = args
+        self.config = config
         self.run_dir = run_dir
         self.run_id = run_id
         self.writer = writer
@@ -57,7 +56,7 @@ class TrainingRun:
         self.epoch = 0
         self.tokens_seen = 0
         self.consumed: set[int] = set()
-        self.settings = settings_from_args(args)
+        self.settings = config.live_settings()
         # Revisions written before this process took the lock belong to an earlier run.
         self.control_rev = read_control_rev(run_dir.control)
         self.last_saved_step: int | None = None
@@ -71,6 +70,7 @@ class TrainingRun:
         self.resume_path: Path | None = None
         self.mask_reason = ""
         self._plan_cache: tuple[int, list[list[int]]] | None = None
+        self._checkpointer: AsyncCheckpointer | None = None
 
     # -- set-up -------------------------------------------------------------------------
     def setup(self) -> None:
@@ -78,9 +78,10 @@ class TrainingRun:
 
         from dflash_train.data.buckets import length_buckets
 
-        args = self.args
-        drafters = args.drafter_gpus or (["cuda:0"] if torch.cuda.is_available() else ["cpu"])
-        targets = args.target_gpus or drafters
+        config = self.config
+        cuda = torch.cuda.is_available()
+        drafters = config.pipeline.drafter_gpus or (("cuda:0",) if cuda else ("cpu",))
+        targets = config.pipeline.target_gpus or drafters
         self.all_target_devices = [str(torch.device(d)) for d in targets]
         self.all_drafter_devices = [str(torch.device(d)) for d in drafters]
         self.device = torch.device(drafters[self.rank.rank])
@@ -89,30 +90,32 @@ class TrainingRun:
         if self.rank.distributed:
             self.group = RankGroup(self.rank, self.device)
         self.target_devices = [
-            torch.device(d) for d in shard_devices(targets, self.rank.rank, self.rank.world_size)
+            torch.device(d)
+            for d in shard_devices(list(targets), self.rank.rank, self.rank.world_size)
         ]
-        torch.manual_seed(args.seed)
+        torch.manual_seed(config.optimiser.seed)
 
         self.checkpoint_dir = checkpoint_layout.run_folder(self.run_dir.checkpoints, self.run_id)
-        self.target_identity = checkpoint_layout.target_identity(args.target_model)
-        if args.resume_from:
-            self._find_resume(args.resume_from)
+        self.target_identity = checkpoint_layout.target_identity(config.train.target_model)
+        if config.run.resume_from:
+            self.resume_path = resume.find_resume(self, config.run.resume_from)
         self._load_data()
         self._load_models(torch)
         self._build_stepper()
         if self.resume_path is not None:
-            self._resume(self.resume_path)
+            resume.resume(self, self.resume_path)
         pad_id = self.targets[0].tokenizer.pad_token_id
+        max_length = config.model.max_length
         loader = BatchLoader(
             self.dataset,
-            args.max_length,
+            max_length,
             0 if pad_id is None else int(pad_id),
-            length_buckets(self.dataset.lengths.clip(max=args.max_length), args.num_buckets),
+            length_buckets(self.dataset.lengths.clip(max=max_length), config.model.num_buckets),
             pin=any(d.type == "cuda" for d in self.target_devices),
             timers=self.timers,
         )
         self.pool: HiddenStatePool[Any] | None = None
-        if args.pipeline == "sync":
+        if config.pipeline.pipeline == "sync":
             self.source = SyncSource(
                 loader,
                 self.targets[0],
@@ -122,7 +125,9 @@ class TrainingRun:
             )
         else:
             self.pool = HiddenStatePool(
-                self.settings["hs_queue_depth"], self.settings["hs_min_ready"], seed=args.seed
+                self.settings["hs_queue_depth"],
+                self.settings["hs_min_ready"],
+                seed=config.optimiser.seed,
             )
             self.source = AsyncSource(
                 loader,
@@ -140,20 +145,21 @@ class TrainingRun:
         from dflash_train.data.buckets import batch_plan_stats
         from dflash_train.data.dataset import load_dataset_dir
 
-        args = self.args
-        self.dataset = load_dataset_dir(args.data_dir)
-        print(f"{len(self.dataset)} samples loaded from {args.data_dir}", file=sys.stderr)
+        config = self.config
+        self.dataset = load_dataset_dir(config.train.data_dir)
+        print(f"{len(self.dataset)} samples loaded from {config.train.data_dir}", file=sys.stderr)
         first = self.plan(0)
         self.batches_per_epoch = len(first)
-        self.batch_stats = batch_plan_stats(self.dataset.lengths, first, args.max_length)
+        self.batch_stats = batch_plan_stats(self.dataset.lengths, first, config.model.max_length)
         print(self.batch_stats.describe(), file=sys.stderr)
         # Batch counts differ a little between epochs (buckets are cut afresh each time).
         world = self.rank.world_size
         self.total_steps = sum(
-            len(shard_positions(range(len(self.plan(e))), 0, world)) for e in range(args.epochs)
+            len(shard_positions(range(len(self.plan(e))), 0, world))
+            for e in range(config.optimiser.epochs)
         )
-        if args.max_steps is not None:
-            self.total_steps = min(self.total_steps, args.max_steps)
+        if config.optimiser.max_steps is not None:
+            self.total_steps = min(self.total_steps, config.optimiser.max_steps)
 
     def plan(self, epoch: int) -> list[list[int]]:
         """The epoch's batches (sample indices). Only the latest epoch's plan is kept, so
@@ -161,14 +167,14 @@ class TrainingRun:
         from dflash_train.data.buckets import bucketed_batches
 
         if self._plan_cache is None or self._plan_cache[0] != epoch:
-            args = self.args
+            model = self.config.model
             order = bucketed_batches(
                 self.dataset.lengths,
-                tokens_per_batch=args.tokens_per_batch,
+                tokens_per_batch=model.tokens_per_batch,
                 epoch=epoch,
-                seed=args.seed,
-                num_buckets=args.num_buckets,
-                max_length=args.max_length,
+                seed=self.config.optimiser.seed,
+                num_buckets=model.num_buckets,
+                max_length=model.max_length,
             )
             self._plan_cache = (epoch, order)
         return self._plan_cache[1]
@@ -176,11 +182,10 @@ class TrainingRun:
     def _load_models(self, torch: Any) -> None:
         from dflash_train.targets import load_target
 
-        args = self.args
         self.targets = []
         for device in self.target_devices:
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-            self.targets.append(load_target(args.target_model, device, dtype))
+            self.targets.append(load_target(self.config.train.target_model, device, dtype))
         first = self.targets[0]
         # The drafter uses the target's frozen embedding and lm_head on its own device.
         if first.device == self.device:
@@ -196,36 +201,38 @@ class TrainingRun:
         from dflash_train.pipeline.drafter_step import DrafterStepper, StepConfig
         from dflash_train.targets import context_layer_count
 
-        args = self.args
-        config = drafter_config_for_target(
-            self.targets[0],
-            num_layers=args.draft_layers,
-            block_size=args.block_size,
-            num_context_layers=context_layer_count(self.targets[0].num_layers, args.target_layers),
+        model, optimiser = self.config.model, self.config.optimiser
+        target = self.targets[0]
+        drafter_config = drafter_config_for_target(
+            target,
+            num_layers=model.draft_layers,
+            block_size=model.block_size,
+            num_context_layers=context_layer_count(target.num_layers, model.target_layers),
             mask=self._mask_choice(),
         )
         if self.resume_path is not None:
-            self._check_resumed_shape(config)
-        self.layer_ids = list(config.target_layer_ids)
-        self.drafter = DFlashDrafter(config).to(self.device)
-        model: Any = self.drafter
+            resume.check_resumed_shape(self, drafter_config)
+        self.layer_ids = list(drafter_config.target_layer_ids)
+        self.drafter = DFlashDrafter(drafter_config, attention_backend=model.attention)
+        self.drafter = self.drafter.to(self.device)
+        wrapped: Any = self.drafter
         if self.group is not None:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.device.index] if self.device.type == "cuda" else None
-            model = DistributedDataParallel(self.drafter, device_ids=ids)
+            wrapped = DistributedDataParallel(self.drafter, device_ids=ids)
         step_config = StepConfig(
-            lr=args.lr,
-            weight_decay=args.weight_decay,
-            warmup_steps=math.ceil(args.warmup_ratio * self.total_steps),
+            lr=optimiser.lr,
+            weight_decay=optimiser.weight_decay,
+            warmup_steps=math.ceil(optimiser.warmup_ratio * self.total_steps),
             total_steps=self.total_steps,
-            grad_clip=args.grad_clip,
-            block_size=args.block_size,
-            num_anchors=args.num_anchors,
-            seed=args.seed,
+            grad_clip=optimiser.grad_clip,
+            block_size=model.block_size,
+            num_anchors=model.num_anchors,
+            seed=optimiser.seed,
         )
         self.stepper: DrafterStepper = DrafterStepper(
-            model,
+            wrapped,
             self.drafter,
             embed_tokens=self.embed_tokens,
             lm_head=self.lm_head,
@@ -233,24 +240,6 @@ class TrainingRun:
             device=self.device,
             timers=self.timers,
         )
-
-    def _find_resume(self, spec: str) -> None:
-        """Which checkpoint to resume, checked against this run's arguments before anything
-        heavy loads. `latest` is this run id's newest; a path may be another run's."""
-        path = checkpoint_layout.resolve_resume(spec, self.run_dir.checkpoints, self.run_id)
-        if path is None:
-            # A restart of a run that died before its first save starts over instead of failing.
-            print(
-                f"--resume-from latest: run {self.run_id} has no checkpoint yet; "
-                "starting at step 0",
-                file=sys.stderr,
-            )
-            return
-        wanted = checkpoint_layout.facts_from_args(self.args)
-        checkpoint_layout.check_compatible(
-            f"checkpoint {path}", checkpoint_layout.checkpoint_facts(path), wanted
-        )
-        self.resume_path = path
 
     def _mask_choice(self) -> MaskChoice:
         from dflash_train.drafter import read_drafter_config
@@ -265,7 +254,7 @@ class TrainingRun:
             saved = read_drafter_config(self.resume_path)
             return MaskChoice(saved.mask_mode, saved.mask_token_id, "the resumed checkpoint's")
         target = self.targets[0]
-        request = parse_mask_request(getattr(self.args, "mask_token", "auto"))
+        request = parse_mask_request(self.config.model.mask_token)
         # Only a table without a spare row needs the data scanned (one pass over input_ids).
         needs_scan = getattr(target.tokenizer, "mask_token_id", None) is None and (
             target.vocab_size <= len(target.tokenizer)
@@ -276,75 +265,39 @@ class TrainingRun:
         print(f"mask: {choice.reason}", file=sys.stderr)
         return choice
 
-    def _check_resumed_shape(self, config: DFlashConfig) -> None:
-        """The full check, against the loaded target's real shape."""
-        assert self.resume_path is not None
-        wanted = {
-            "target_model": self.target_identity,
-            "hidden_size": config.hidden_size,
-            "num_target_layers": config.num_target_layers,
-            "target_layers": list(config.target_layer_ids),
-            "block_size": config.block_size,
-            "draft_layers": config.num_layers,
-        }
-        path = self.resume_path
-        checkpoint_layout.check_compatible(
-            f"checkpoint {path}", checkpoint_layout.checkpoint_facts(path), wanted
-        )
-
-    def _resume(self, path: Path) -> None:
-        from dflash_train.drafter import load_drafter
-
-        loaded = checkpoints.load_checkpoint(path)
-        saved = load_drafter(path, self.device)
-        self.drafter.load_state_dict(saved.state_dict())
-        self.stepper.load_state_dicts(loaded.optimizer, loaded.scheduler)
-        checkpoints.restore_rng(loaded.rng)
-        state = loaded.state
-        self.step, self.epoch, self.tokens_seen = state.step, state.epoch, state.tokens_seen
-        self.consumed = set(state.consumed)
-        self.last_saved_step = state.step
-        # Explicit command-line values win over the settings live at the checkpoint.
-        given = {"hs_queue_depth": self.args.hs_queue_depth, "hs_min_ready": self.args.hs_min_ready}
-        restored = {k: v for k, v in state.settings.items() if given.get(k) is None}
-        self.settings = {**self.settings, **restored}
-        if self.settings["hs_min_ready"] > self.settings["hs_queue_depth"]:
-            self.settings["hs_min_ready"] = self.settings["hs_queue_depth"]
-        self.resumed_from = str(path)
-        self.resumed_run = loaded.state.run_id
-        other = "" if self.resumed_run == self.run_id else f" (run {self.resumed_run})"
-        print(f"resumed from {path}{other} at step {self.step}", file=sys.stderr)
-
     def _start_monitor(self) -> None:
         from dflash_train.pipeline.wandb_log import WandbLogger
 
-        args = self.args
+        config = self.config
         control = ControlWatcher(
             self.run_dir.control,
             current=lambda: dict(self.settings),
             apply=self._apply_settings,
             baseline_rev=self.control_rev,
         )
-        if args.wandb_project and self.rank.is_main:
+        if config.run.wandb_project and self.rank.is_main:
             self.wandb = WandbLogger(
-                project=args.wandb_project,
+                project=config.run.wandb_project,
                 run_dir=self.run_dir.root,
                 run_id=self.run_id,
-                config=self.config_record(),
+                config=config.flat_record(),
             )
         # Rank 0's monitor reports every GPU of the run, the other ranks' ones too.
         roles = gpu_roles(self.all_target_devices, self.all_drafter_devices)
         cuda = tuple({d for d in [*self.target_devices, self.device] if d.type == "cuda"})
         self.monitor = MonitorThread(
             self.writer,
-            block_size=args.block_size,
-            max_bad_steps=args.max_bad_steps,
+            block_size=config.model.block_size,
+            max_bad_steps=config.run.max_bad_steps,
             on_fatal=lambda message: self.stop.request("error", message),
             timers=self.timers,
             pool=self.pool,
             settings=lambda: dict(self.settings),
             producers=len(self.targets),
             control=control,
+            intervals=MonitorIntervals(
+                profile=config.run.profile_interval, stall=config.run.stall_after
+            ),
             gpu_roles=roles,
             allocator_devices=cuda,
             wandb=self.wandb,
@@ -356,30 +309,19 @@ class TrainingRun:
             self.pool.set_limits(depth=merged["hs_queue_depth"], min_ready=merged["hs_min_ready"])
         self.settings = merged
 
-    def config_record(self) -> dict[str, Any]:
-        record = {}
-        for key, value in vars(self.args).items():
-            if key.startswith("_"):
-                continue
-            record[key] = (
-                value
-                if isinstance(value, (int, float, str, bool, list, type(None)))
-                else str(value)
-            )
-        return record
-
     def _write_run_start(self) -> None:
         if self.writer is None:
             return
         dataset = {**self.dataset.stats.as_dict(), **self.batch_stats.as_dict()}
+        compile_target = self.config.pipeline.compile_target
         self.writer.write(
             "run_start",
-            config=self.config_record(),
+            config=self.config.flat_record(),
             topology={
                 "target": self.all_target_devices,
                 "drafter": self.all_drafter_devices,
                 "world_size": self.rank.world_size,
-                "pipeline": self.args.pipeline,
+                "pipeline": self.config.pipeline.pipeline,
             },
             dataset=dataset,
             batches_per_epoch=self.batches_per_epoch,
@@ -397,7 +339,9 @@ class TrainingRun:
             start_step=self.step,
             settings=dict(self.settings),
             layer_ids=self.layer_ids,
-            kernels=kernels_in_use(self.drafter.attention_backend, self.device, self.targets),
+            kernels=kernels_in_use(
+                self.drafter.attention_backend, self.device, self.targets, compile_target
+            ),
         )
 
     def _compile_before_workers(self) -> None:
@@ -407,7 +351,8 @@ class TrainingRun:
             if self.writer is not None:
                 self.writer.write(kind, **fields)
 
-        shapes = drafter_shapes(self.dataset.lengths, self.plan(self.epoch), self.args.max_length)
+        max_length = self.config.model.max_length
+        shapes = drafter_shapes(self.dataset.lengths, self.plan(self.epoch), max_length)
         self.compile_report = compile_before_workers(
             targets=self.targets,
             layer_ids=self.layer_ids,
@@ -415,7 +360,10 @@ class TrainingRun:
             attention_backend=self.drafter.attention_backend,
             shapes=shapes,
             emit=emit,
+            compile_target=self.config.pipeline.compile_target,
         )
+        if self.rank.is_main:
+            self.checkpointer()  # starts pinning the host copies in the background
 
     # -- the loop -----------------------------------------------------------------------
     def loop(self) -> str:
@@ -439,7 +387,6 @@ class TrainingRun:
             consumed = self.group.union(consumed)
         if not self.rank.is_main or self.last_saved_step == self.step:
             return
-        start = time.monotonic()
         state = checkpoints.TrainState(
             step=self.step,
             epoch=self.epoch,
@@ -452,32 +399,53 @@ class TrainingRun:
             else None,
             target=self.target_identity,
         )
-        try:
-            path = checkpoints.save_checkpoint(
-                self.checkpoint_dir,
-                drafter=self.drafter,
-                optimizer=self.stepper.optimizer,
-                scheduler=self.stepper.scheduler,
-                state=state,
-                rng=checkpoints.capture_rng([self.device, *self.target_devices]),
-                keep=self.args.keep_checkpoints,
-            )
-        except checkpoints.CheckpointWriteError as exc:
-            # Said as an event before the run ends with the error (the run_end follows).
-            if self.monitor is not None:
-                self.monitor.emit(
-                    "event", level="error", code="checkpoint_failed", message=str(exc),
-                    step=self.step,
-                )  # fmt: skip
-            raise
+        # Pinned host copies now, the write on a background thread (async_checkpoint.py);
+        # a failed earlier write is raised here, as a failed save always was.
+        self.checkpointer().save(
+            self.checkpoint_dir,
+            state,
+            checkpoints.capture_rng([self.device, *self.target_devices]),
+            self.config.run.keep_checkpoints,
+        )
         self.last_saved_step = self.step
-        seconds = round(time.monotonic() - start, 3)
-        if self.monitor is not None:
-            self.monitor.emit("checkpoint", step=self.step, path=str(path), seconds=seconds)
+
+    def checkpointer(self) -> AsyncCheckpointer:
+        if self._checkpointer is None:
+
+            def done(path: Any, state: Any, stall: float, write_s: float) -> None:
+                if self.monitor is not None:
+                    self.monitor.emit(
+                        "checkpoint", step=state.step, path=str(path), seconds=round(write_s, 3),
+                        stall_s=round(stall, 3),
+                    )  # fmt: skip
+
+            def failed(state: Any, exc: BaseException) -> None:
+                # Said as an event before the run ends with the error (the run_end follows).
+                if self.monitor is not None:
+                    self.monitor.emit(
+                        "event", level="error", code="checkpoint_failed", message=str(exc),
+                        step=state.step,
+                    )  # fmt: skip
+
+            self._checkpointer = AsyncCheckpointer(
+                self.drafter, self.stepper.optimizer, self.stepper.scheduler, done, failed
+            )
+        return self._checkpointer
+
+    def wait_for_checkpoint(self) -> None:
+        """The write in flight is on disk (or its failure raised) when this returns."""
+        if self._checkpointer is not None:
+            self._checkpointer.wait()
 
     def shutdown(self) -> None:
         if self.source is not None:
             self.source.close()
+        try:
+            self.wait_for_checkpoint()  # a SIGTERM ends with a complete checkpoint
+        finally:
+            self._shutdown_rest()
+
+    def _shutdown_rest(self) -> None:
         if self.monitor is not None and self.monitor.is_alive():
             self.monitor.stop()
         if self.wandb is not None:

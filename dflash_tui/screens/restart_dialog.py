@@ -1,11 +1,11 @@
-"""The restart dialog (`R`): names the run, offers resume or fresh, and takes optional live
-setting overrides as key=value words, checked with the protocol's own rules. A fresh start
+"""The restart dialog (`R`): names the run, offers resume or fresh, and takes optional
+overrides of any train option as key=value words, checked with the trainer's own rules
+(restart_overrides.py) before anything is sent. A fresh start
 abandons the run's training state, so (as k9s does for destructive actions) it is sent only
 once the run id or the word "fresh" has been typed."""
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
@@ -18,31 +18,15 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, RadioButton, RadioSet, Static
 
 from dflash_train import protocol
+from dflash_tui.screens.restart_overrides import parse_overrides
+
+__all__ = ["RestartDialog", "RestartRequest", "parse_overrides"]
 
 
 @dataclass(frozen=True)
 class RestartRequest:
     fresh: bool
     overrides: Mapping[str, str]
-
-
-def parse_overrides(text: str, current: Mapping[str, int]) -> dict[str, str]:
-    """`hs_min_ready=4 hs_queue_depth=16` -> {"hs_min_ready": "4", ...}; raises SettingError
-    with a one-line reason naming the word or setting at fault."""
-    try:
-        words = shlex.split(text)
-    except ValueError as exc:
-        raise protocol.SettingError(f"overrides: cannot split: {exc}") from None
-    updates: dict[str, str] = {}
-    for word in words:
-        key, sep, value = word.partition("=")
-        if not sep or not key or not value:
-            raise protocol.SettingError(f"overrides: {word!r} is not key=value")
-        if key in updates:
-            raise protocol.SettingError(f"{key}: given twice")
-        updates[key] = value
-    parsed = protocol.validate_settings(updates, current)
-    return {key: str(value) for key, value in parsed.items()}
 
 
 FRESH_WORD = "fresh"
@@ -87,7 +71,10 @@ class RestartDialog(ModalScreen[RestartRequest | None]):
             with RadioSet(id="restart-mode"):
                 yield RadioButton("resume from the newest checkpoint", value=True, id="resume")
                 yield RadioButton("fresh: start again from step 0", id="fresh")
-            yield Static("overrides (optional), e.g. hs_min_ready=4", classes="form-hint")
+            yield Static(
+                "overrides (optional), any train option: e.g. epochs=8 lr=1e-4 hs_min_ready=4",
+                classes="form-hint",
+            )
             yield Input(self.overrides, placeholder="key=value …", id="overrides")
             yield Static("", id="overrides-error", classes="field-error")
             with Vertical(id="fresh-confirm-box"):

@@ -4,10 +4,14 @@ what changed, and the trainer resumes with the changed options."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from control_harness import cli, decode_all, trainer_env_args
 
+from dflash_train import protocol
 from dflash_train.config.cli_options import resolve_train_args
 from dflash_train.control.run_config import (
     OverrideError,
@@ -17,7 +21,7 @@ from dflash_train.control.run_config import (
     restarted_config,
     write_run_config,
 )
-from dflash_train.rundir import RunDir
+from dflash_train.rundir import RunDir, lock_is_held, read_json
 
 BASE = ["--target-model", "random:tiny", "--data-dir", "d", "--hs-queue-depth", "8"]
 
@@ -85,3 +89,86 @@ def test_a_run_launched_before_configs_were_recorded_restarts_from_its_args(
     recorded = recorded_config(rundir, {"train_args": [*BASE, "--epochs", "3"]}, {})
     assert recorded.config.optimiser.epochs == 3
     assert recorded.config.train.output_dir == str(rundir.root)
+
+
+# A randomly initialised tiny target keeps the starts quick; what is checked is which
+# options a restart applies, not what the drafter learns.
+TINY_RUN = [
+    "--target-model", "random:tiny",
+    "--target-gpus", "cpu", "--drafter-gpus", "cpu", "--pipeline", "sync",
+    "--draft-layers", "1", "--target-layers", "1", "--block-size", "4",
+    "--num-anchors", "8", "--max-length", "128", "--tokens-per-batch", "512",
+    "--num-buckets", "2", "--epochs", "1000", "--save-every", "3", "--warmup-ratio", "0",
+]  # fmt: skip
+
+
+def _lines(run_dir: Path) -> list[protocol.StatusLine]:
+    return decode_all((run_dir / "status.jsonl").read_bytes())
+
+
+def _wait(run_dir: Path, done: Callable[[list[protocol.StatusLine]], bool], what: str) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if (run_dir / "status.jsonl").exists() and done(_lines(run_dir)):
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"no {what} after 180 s")
+
+
+def test_restart_set_applies_any_option_on_resume_and_refuses_before_stopping(
+    run_dirs: Callable[[str], Path], prepared_data_dir: Path
+) -> None:
+    run_dir = run_dirs("run")
+    rc, launched = cli(
+        "launch", str(run_dir), "--wait", "180", *trainer_env_args(), "--",
+        *TINY_RUN, "--data-dir", str(prepared_data_dir), timeout=240,
+    )  # fmt: skip
+    assert rc == 0 and launched.ok, launched
+    # The trainer runs exactly what the run dir records.
+    record = read_json(run_dir / "run.json")
+    assert record["argv"][-2:] == ["--config", str(run_dir / "config.json")]
+    recorded = read_json(run_dir / "config.json")
+    assert recorded["config"]["optimiser"]["epochs"] == 1000
+    assert recorded["config"]["run"]["run_id"] == launched.data["run_id"]
+    assert recorded["sources"]["epochs"] == "cli" and recorded["sources"]["seed"] == "default"
+    _wait(run_dir, lambda ls: any(x.kind == "checkpoint" for x in ls), "checkpoint")
+    pid = launched.data["pid"]
+
+    # Refused before anything stops: a bad value, and a shape the checkpoint cannot take.
+    for sets, code, words in (
+        (["epochs=0"], "bad_override", "epochs (--set): 0 is out of range 1.."),
+        (["block_size=8"], "incompatible_checkpoint", "block_size: checkpoint"),
+    ):
+        rc, refused = cli("restart", str(run_dir), *(f"--set={s}" for s in sets), timeout=120)
+        assert rc == 1 and refused.error_code == code and words in (refused.error or ""), refused
+        assert lock_is_held(run_dir / "run.lock") and read_json(run_dir / "run.json")["pid"] == pid
+    assert read_json(run_dir / "config.json") == recorded
+
+    rc, back = cli(
+        "restart", str(run_dir), "--wait", "180",
+        "--set", "epochs=7", "--set", "lr=1e-4", "--set", "max_steps=30", timeout=240,
+    )  # fmt: skip
+    assert rc == 0 and back.ok, back
+    assert back.data["resumed_from"] and back.data["run_id"] == launched.data["run_id"]
+    assert back.data["changed"] == {
+        "epochs": {"from": 1000, "to": 7},
+        "max_steps": {"from": None, "to": 30},
+        "lr": {"from": 6e-4, "to": 1e-4},
+    }
+    assert back.data["train_args"][-2:] == ["--resume-from", "latest"]
+    again = read_json(run_dir / "config.json")
+    assert again["config"]["optimiser"]["epochs"] == 7 and again["sources"]["epochs"] == "set"
+    _wait(run_dir, lambda ls: ls[-1].kind == "run_end", "run_end")
+    lines = _lines(run_dir)
+    starts = [i for i, line in enumerate(lines) if line.kind == "run_start"]
+    first, resumed = lines[starts[0]], lines[starts[-1]]
+    assert resumed["resumed_from"] == back.data["resumed_from"]
+    assert 0 < resumed["start_step"] < 30, "stopped too late to see the new max_steps"
+    assert (resumed["config"]["epochs"], resumed["config"]["lr"]) == (7, 1e-4)
+    assert resumed["total_steps"] == 30 and first["total_steps"] > 30
+    # The new peak lr is the one trained with (the checkpoint carried the old one).
+    before = [x["lr"] for x in lines[starts[0] : starts[-1]] if x.kind == "step"]
+    after = [x["lr"] for x in lines[starts[-1] :] if x.kind == "step"]
+    assert before and min(before) > 1e-4 and after and max(after) <= 1e-4
+    end = lines[-1]
+    assert (end["reason"], end["step"]) == ("completed", 30)

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from dflash_train import protocol
-from dflash_train.pipeline.training_run import gpu_roles
+from dflash_train.training.run import gpu_roles
 
 
 def test_two_gloo_ranks_train_and_rank0_writes(tmp_path: Path, prepared_data_dir: Path) -> None:

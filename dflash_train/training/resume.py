@@ -1,0 +1,74 @@
+"""Resuming a training run: which checkpoint (`latest` is this run id's newest; a path may
+be another run's), checked against the run's config before anything heavy loads and again
+against the loaded target's real shape, then the drafter, optimizer, schedule, RNG and
+position restored."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dflash_train import checkpoint_layout, checkpoints
+
+if TYPE_CHECKING:
+    from dflash_train.drafter import DFlashConfig
+    from dflash_train.training.run import TrainingRun
+
+
+def find_resume(run: TrainingRun, spec: str) -> Path | None:
+    path = checkpoint_layout.resolve_resume(spec, run.run_dir.checkpoints, run.run_id)
+    if path is None:
+        # A restart of a run that died before its first save starts over instead of failing.
+        print(
+            f"--resume-from latest: run {run.run_id} has no checkpoint yet; starting at step 0",
+            file=sys.stderr,
+        )
+        return None
+    wanted = checkpoint_layout.facts_from_config(run.config)
+    checkpoint_layout.check_compatible(
+        f"checkpoint {path}", checkpoint_layout.checkpoint_facts(path), wanted
+    )
+    return path
+
+
+def check_resumed_shape(run: TrainingRun, config: DFlashConfig) -> None:
+    """The full check, against the loaded target's real shape."""
+    assert run.resume_path is not None
+    wanted = {
+        "target_model": run.target_identity,
+        "hidden_size": config.hidden_size,
+        "num_target_layers": config.num_target_layers,
+        "target_layers": list(config.target_layer_ids),
+        "block_size": config.block_size,
+        "draft_layers": config.num_layers,
+    }
+    path = run.resume_path
+    checkpoint_layout.check_compatible(
+        f"checkpoint {path}", checkpoint_layout.checkpoint_facts(path), wanted
+    )
+
+
+def resume(run: TrainingRun, path: Path) -> None:
+    from dflash_train.drafter import load_drafter
+
+    loaded = checkpoints.load_checkpoint(path)
+    saved = load_drafter(path, run.device)
+    run.drafter.load_state_dict(saved.state_dict())
+    run.stepper.load_state_dicts(loaded.optimizer, loaded.scheduler)
+    checkpoints.restore_rng(loaded.rng)
+    state = loaded.state
+    run.step, run.epoch, run.tokens_seen = state.step, state.epoch, state.tokens_seen
+    run.consumed = set(state.consumed)
+    run.last_saved_step = state.step
+    # Values given in the config win over the settings live at the checkpoint.
+    pipeline = run.config.pipeline
+    given = {"hs_queue_depth": pipeline.hs_queue_depth, "hs_min_ready": pipeline.hs_min_ready}
+    restored = {k: v for k, v in state.settings.items() if given.get(k) is None}
+    run.settings = {**run.settings, **restored}
+    if run.settings["hs_min_ready"] > run.settings["hs_queue_depth"]:
+        run.settings["hs_min_ready"] = run.settings["hs_queue_depth"]
+    run.resumed_from = str(path)
+    run.resumed_run = state.run_id
+    other = "" if run.resumed_run == run.run_id else f" (run {run.resumed_run})"
+    print(f"resumed from {path}{other} at step {run.step}", file=sys.stderr)
