@@ -441,15 +441,19 @@ class HistorySummary:
         summary covered. None when the past was empty."""
         if self.run is None or self.last_seq < 0:
             return None
-        text = protocol.encode_line(
-            "event",
-            seq=self.last_seq,
-            run=self.run,
-            level="info",
-            code="history_end",
-            message=f"history: {self.lines_in} lines summarised",
-            history=True,
-            cursor=self.last_seq,
-            lines_summarised=self.lines_in,
-        )
-        return text.rstrip("\n").encode("utf-8")
+        return end_marker(self.run, self.last_seq, self.lines_in)
+
+
+def end_marker(run: str, last_seq: int, lines_in: int) -> bytes:
+    text = protocol.encode_line(
+        "event",
+        seq=last_seq,
+        run=run,
+        level="info",
+        code="history_end",
+        message=f"history: {lines_in} lines summarised",
+        history=True,
+        cursor=last_seq,
+        lines_summarised=lines_in,
+    )
+    return text.rstrip("\n").encode("utf-8")

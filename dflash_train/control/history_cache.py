@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -87,12 +88,90 @@ def save(stream: Path, summary: HistorySummary, offset: int, inode: int) -> bool
     return True
 
 
+def lines_path(stream: Path, points: int) -> Path:
+    return stream.with_name(f".{stream.name}.history-{points}.lines")
+
+
+@dataclass(frozen=True)
+class SavedLines:
+    """The summary's lines as `tail --history` sends them, written by the status writer
+    beside its state: an attach sends them as they are, then the stream after `offset`."""
+
+    body: bytes  # the summary lines, each ending in a newline
+    offset: int
+    inode: int
+    run: str
+    last_seq: int
+    lines_in: int
+
+
+def save_lines(stream: Path, summary: HistorySummary, offset: int, inode: int) -> bool:
+    if summary.run is None or summary.last_seq < 0:
+        return False
+    try:
+        with stream.open("rb") as fh:
+            if os.fstat(fh.fileno()).st_ino != inode:
+                return False
+            check = _check(fh, offset)
+        header = {
+            "v": VERSION, "points": summary.points, "inode": inode, "offset": offset,
+            "check": check, "run": summary.run, "last_seq": summary.last_seq,
+            "lines_in": summary.lines_in,
+        }  # fmt: skip
+        body = b"".join(line + b"\n" for line in summary.lines())
+        _atomic_write_bytes(
+            lines_path(stream, summary.points), json.dumps(header).encode() + b"\n" + body
+        )
+    except OSError:
+        return False
+    return True
+
+
+def load_lines(stream: Path, points: int) -> SavedLines | None:
+    """The saved lines when they still begin this very stream; else None."""
+    try:
+        with lines_path(stream, points).open("rb") as saved:
+            header = json.loads(saved.readline())
+            body = saved.read()
+        with stream.open("rb") as fh:
+            st = os.fstat(fh.fileno())
+            if (
+                header["v"] != VERSION
+                or header["points"] != points
+                or header["inode"] != st.st_ino
+                or not 0 < header["offset"] <= st.st_size
+                or _check(fh, header["offset"]) != header["check"]
+            ):
+                return None
+        return SavedLines(
+            body, int(header["offset"]), st.st_ino, str(header["run"]),
+            int(header["last_seq"]), int(header["lines_in"]),
+        )  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
 # What the console asks for (Session's history_points): the summary the writer keeps.
 KEPT_POINTS = 400
 # The writer summarises its lines in blocks of this size, and saves at most this often
 # (a save serialises about 1 MB): a first attach reads at most that much stream itself.
 KEEPER_BLOCK_BYTES = 64 * 1024
-KEEPER_SAVE_EVERY_S = 30.0
+KEEPER_SAVE_EVERY_S = 10.0
+# An attach sends the saved lines and then, whole, the stream written since, when that is
+# at most this much (about 3,000 lines); beyond it, it summarises the rest first.
+RAW_TAIL_BYTES = 1 << 20
 
 
 class SummaryKeeper:
@@ -172,6 +251,8 @@ class SummaryKeeper:
         self._saved_at = self.clock()
         if save(self.stream, self.summary, self.offset, self.inode):
             self._saved_offset = self.offset
+            # The lines as an attach sends them too: it need not rebuild the summary.
+            save_lines(self.stream, self.summary, self.offset, self.inode)
             return True
         return False
 

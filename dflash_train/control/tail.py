@@ -370,8 +370,22 @@ def _write_history(
     For a whole-stream summary a saved one is continued when it still fits the stream, and
     saved again when it grew, so the next attach reads only what comes after."""
     from dflash_train.control import history_cache
-    from dflash_train.control.history import HistorySummary
+    from dflash_train.control.history import HistorySummary, end_marker
 
+    fast = history_cache.load_lines(path, points) if whole else None
+    # The status writer keeps the summary's lines beside the stream: send them, then what
+    # was written since, whole (so the first attach to a days-old run reads no more).
+    if (
+        fast is not None
+        and _stream_size(path) - fast.offset <= history_cache.RAW_TAIL_BYTES
+        and follower.open_at(fast.offset, fast.inode)
+    ):
+        follower.skip_to(fast.last_seq, fast.run)
+        out.write(fast.body)
+        sent = _write(out, follower.poll())
+        _write(out, iter([end_marker(fast.run, follower.cursor, fast.lines_in + sent)]))
+        out.flush()
+        return
     saved = history_cache.load(path, points) if whole else None
     if saved is not None and follower.open_at(saved.offset, saved.inode):
         summary, start = saved.summary, saved.offset
@@ -388,6 +402,13 @@ def _write_history(
     offset, inode = follower.position
     if whole and inode is not None and offset - start >= history_cache.SAVE_AFTER_BYTES:
         history_cache.save(path, summary, offset, inode)
+
+
+def _stream_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _write(out: BinaryIO, lines: Iterator[bytes]) -> int:

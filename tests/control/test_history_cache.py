@@ -13,6 +13,7 @@ from pathlib import Path
 from control_harness import dflash_argv, write_stream
 from test_control_history import _long_run
 
+from dflash_train import protocol
 from dflash_train.control import history_cache
 from dflash_train.control.history_cache import SAVE_AFTER_BYTES, cache_path
 from dflash_train.rundir import RunDir
@@ -37,9 +38,10 @@ def _history(run_dir: Path, points: str = POINTS) -> bytes:
 
 def _from_scratch(run_dir: Path, points: str = POINTS) -> bytes:
     """A full pass: with no saved summary (the pass saves a new one)."""
-    saved = cache_path(RunDir.at(run_dir).status, int(points))
-    if saved.is_file():
-        saved.unlink()
+    status = RunDir.at(run_dir).status
+    for saved in (cache_path(status, int(points)), history_cache.lines_path(status, int(points))):
+        if saved.is_file():
+            saved.unlink()
     return _history(run_dir, points)
 
 
@@ -147,3 +149,18 @@ def test_the_writer_keeps_the_summary_current_so_a_first_attach_reads_only_the_t
     writer.close()
     assert history_cache.load(status, int(POINTS)).offset == status.stat().st_size  # type: ignore[union-attr]
     assert _history(tmp_path) == _from_scratch(tmp_path)
+
+    # Written on after the last save (a writer without the summary): the attach sends the
+    # saved lines, then those new lines whole, and its marker's cursor is the newest seq.
+    writer = StatusWriter(status, "run-k", summary_points=int(POINTS))
+    for kind, fields in _long_run(20)[1:]:  # (a full pass removed the saved lines)
+        writer.write(kind, **fields)
+    writer.close()
+    kept = _history(tmp_path)
+    assert history_cache.load_lines(status, int(POINTS)) is not None
+    last = write_stream(status, "run-k", _long_run(40)[1:])
+    sent = _history(tmp_path).split(b"\n")
+    assert sent[: kept.count(b"\n")] == kept.split(b"\n")[:-1]
+    tail = [protocol.decode_line(line) for line in sent[kept.count(b"\n") : -1]]
+    assert len(tail) == len(_long_run(40)) - 1 and not any(t.get("history") for t in tail)
+    assert f'"cursor":{last},'.encode() in sent[-1]
