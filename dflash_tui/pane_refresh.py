@@ -131,12 +131,13 @@ class PaneRefresh:
 def draw_plots(app: DflashApp, main: MainScreen) -> None:
     state = app.state
     throughput = main.query_one(ThroughputPane)
-    # Two plot columns a character (braille): columns beyond that would not show.
+    # A column a character: each draws its low and high (braille has two dots across),
+    # and plotext's cost grows with the points it is given.
     if throughput.display:
-        throughput.show(state, main.plot_view, 2 * max(throughput.content_size.width, 20))
+        throughput.show(state, main.plot_view, max(throughput.content_size.width, 20))
     loss = main.query_one(LossPane)
     if loss.display:
-        loss.show(state, main.plot_view, 2 * max(loss.content_size.width, 20))
+        loss.show(state, main.plot_view, max(loss.content_size.width, 20))
 
 
 def header_facts(app: DflashApp, now: float) -> HeaderFacts:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 # whole run tripled the cost of a line for a finer 6-hour view; not worth it.
 RECENT_LEVELS: tuple[tuple[int, int], ...] = ((1, 4096),)
 RECENT_ROWS = 4096
+# gpu lines come every 5 s: 1,024 of them are the last 85 minutes at full resolution.
+RECENT_GPU_ROWS = 1024
 # The whole run: 180,000 steps at 128 steps a bucket, 6 h in about 60 buckets.
 WHOLE_BUCKETS = 2048
 # Time ranges the plots offer, in seconds (None: the whole run).
@@ -447,11 +449,12 @@ class RunHistory:
             series = self.series[name] = MetricHistory(RECENT_LEVELS if recent else ())
         return series
 
-    def group(self, names: tuple[str, ...]) -> RowGroup:
-        """The row group of these series (made once; hold on to it for the fast path)."""
+    def group(self, names: tuple[str, ...], *, recent: int = RECENT_ROWS) -> RowGroup:
+        """The row group of these series (made once; hold on to it for the fast path),
+        keeping its newest `recent` rows whole."""
         group = self.groups.get(names)
         if group is None:
-            group = self.groups[names] = RowGroup(self, names, RECENT_ROWS)
+            group = self.groups[names] = RowGroup(self, names, recent)
             for name in names:
                 self._group_of[name] = group
         return group

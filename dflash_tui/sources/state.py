@@ -21,7 +21,7 @@ from dflash_train.protocol import (
     Reply,
     StatusLine,
 )
-from dflash_tui.sources.run_history import RowGroup, RunHistory, SeriesView
+from dflash_tui.sources.run_history import RECENT_GPU_ROWS, RowGroup, RunHistory, SeriesView
 
 STEP_METRICS = ("loss", "acc", "tau", "ktok_s", "lr", "grad_norm")
 QUEUE_VALUES = ("hs_ready", "producer_wait", "consumer_wait", "starved")
@@ -208,7 +208,9 @@ class RunState:
         rows = self._gpu_groups.get(indexes)
         if rows is None:
             names = tuple(f"gpu{i}.{name}" for i in indexes for name in GPU_HISTORY_VALUES)
-            rows = self._gpu_groups[indexes] = self.gpu_timeline.group(names)
+            rows = self._gpu_groups[indexes] = self.gpu_timeline.group(
+                names, recent=RECENT_GPU_ROWS
+            )
         values = tuple(gpu.get(name) for gpu in gpus for name in GPU_HISTORY_VALUES)
         rows.add(self.step or 0, t, values)
         for gpu in gpus:

@@ -4,6 +4,7 @@ epoch's end or a target throttling at night shows at a glance."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -58,11 +59,12 @@ def render_heatmap(
         line = Text(no_wrap=True, overflow="ellipsis")
         line.append(f"{index:>3} {role:<{ROLE_WIDTH}} ")
         top = _top(value, gpu)
-        row = Text()
-        for mean in view.means:
-            row.append(" ", style=f"on {cell_colour(mean, top)}")
-        row.append(" " * (cells - len(view.means)))
-        line.append_text(row)
+        # One span a run of equal colour: a span a cell made the pane cost more to draw
+        # than both plots.
+        colours = [cell_colour(mean, top) for mean in view.means]
+        for colour, run in itertools.groupby(colours):
+            line.append(" " * len(list(run)), style=f"on {colour}")
+        line.append(" " * (cells - len(colours)))
         line.append(f" {_current(gpu)}")
         lines.append(line)
     lines.append(_axis(first, last, cells, range_name))

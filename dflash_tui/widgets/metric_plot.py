@@ -16,7 +16,7 @@ from dflash_tui.sources.run_history import RANGES, Marker, RunHistory, SeriesVie
 
 SMOOTHING_WINDOW = 9
 # More checkpoint lines than this in view would hide the curve: every k-th is drawn.
-MAX_CHECKPOINT_LINES = 24
+MAX_CHECKPOINT_LINES = 12
 MARKER_COLOURS = {"checkpoint": "gray", "start": "green", "resume": "green", "end": "red"}
 LINE_COLOURS = ("cyan", "orange", "magenta", "green", "red", "yellow", "blue")
 
@@ -129,6 +129,7 @@ def draw(
     width: int,
     log_scale: bool = False,
     smooth_only: bool = False,
+    markers: bool = True,
 ) -> dict[str, SeriesView]:
     """Draw `choice` into `widget` (and refresh it); returns what was drawn, by series."""
     plt = widget.plt
@@ -167,7 +168,8 @@ def draw(
         first, last = min(xs_seen), max(xs_seen)
         if last > first:
             plt.xlim(first, last)
-        _draw_markers(widget, history.markers_in(since), first, last, view.by_time)
+        if markers:  # each line costs plotext about as much as a series
+            _draw_markers(widget, history.markers_in(since), first, last, view.by_time)
         plt.xticks(*(time_ticks(first, last) if view.by_time else step_ticks(first, last)))
     plt.xlabel("time" if view.by_time else "step")
     if log_scale:

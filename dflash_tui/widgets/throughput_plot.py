@@ -35,4 +35,6 @@ class ThroughputPane(Vertical):
             f"[dim]{view.label()}[/dim]",
             layout=False,
         )
-        self.drawn = draw(self.query_one(PlotextPlot), state.history, KTOK_S, view, width=width)
+        # The markers are the metrics pane's: drawn twice they would double their cost.
+        plot = self.query_one(PlotextPlot)
+        self.drawn = draw(plot, state.history, KTOK_S, view, width=width, markers=False)
