@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -306,6 +307,9 @@ DEFAULT_SETTINGS: dict[str, int] = {"hs_queue_depth": 8, "hs_min_ready": 2}
 
 # `dflash-train gpus --follow` lines belong to no run: this run id says so to the reader.
 GPUS_RUN_ID = "gpus"
+# The file a run's stream is rotated to when a new run id starts in its run dir (by
+# StatusWriter; run ids are config.RUN_ID_PATTERN): one plain file name, no path.
+ROTATED_STREAM = re.compile(r"status\.[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\.jsonl")
 
 
 class SettingError(ValueError):

@@ -37,9 +37,11 @@ class ReplayApp(DflashApp):
         options: ConsoleOptions,
         *,
         stream_file: Path | None = None,
+        stream_name: str | None = None,
         source: str = "",
     ) -> None:
         self.stream_file = stream_file
+        self.stream_name = stream_name
         self.source = source or str(stream_file or options.run_dir)
         self.timeline: Timeline | None = None
         clock = ReplayClock()
@@ -53,6 +55,7 @@ class ReplayApp(DflashApp):
             self.transport,
             run_dir=self.options.run_dir,
             stream_file=self.stream_file,
+            stream_name=self.stream_name,
             python=self.options.python,
             on_line=self._on_line,
         )

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dflash_train.protocol import ROTATED_STREAM
 from dflash_tui import cli
 from dflash_tui.sources.session import WATCH_ONLY_ENV
 
@@ -63,12 +64,15 @@ def build_replay(args: argparse.Namespace) -> ReplayApp:
             target_name="local", run_dir=str(stream.parent), read_only=True, theme=args.theme
         )
         return ReplayApp(LocalTransport(), options, stream_file=stream, source=str(stream))
+    stream_name = None
     if path.endswith(".jsonl"):
-        if Path(path).name != "status.jsonl":
-            raise cli.UsageError(
-                "replay: over SSH the box's tail reads RUN_DIR/status.jsonl; copy a rotated "
-                "stream to this machine to replay it"
-            )
+        name = Path(path).name
+        if name != "status.jsonl":
+            if not ROTATED_STREAM.fullmatch(name):
+                raise cli.UsageError(
+                    f"replay: {name!r} is neither status.jsonl nor a rotated status.<run_id>.jsonl"
+                )
+            stream_name = name
         path = str(Path(path).parent)
     args.run_dir = path
     args.watch = True
@@ -82,7 +86,8 @@ def build_replay(args: argparse.Namespace) -> ReplayApp:
         python=profile.python,
         theme=profile.theme,
     )
-    return ReplayApp(transport, options, source=f"{transport.description}:{profile.run_dir}")
+    where = f"{transport.description}:{args.path}"
+    return ReplayApp(transport, options, stream_name=stream_name, source=where)
 
 
 def serve_parser() -> argparse.ArgumentParser:

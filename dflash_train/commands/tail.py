@@ -28,6 +28,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="first send a min/max-preserving summary, at most POINTS lines per series",
     )
     parser.add_argument("--poll", type=float, default=0.5, help="seconds between file checks")
+    parser.add_argument(
+        "--stream",
+        metavar="NAME",
+        default=None,
+        help="a rotated stream of RUN_DIR (status.<run_id>.jsonl) instead of status.jsonl; "
+        "it no longer grows, so not with --follow",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,13 +49,15 @@ def run(args: argparse.Namespace) -> int:
         problem = ("bad_argument", f"history: {args.history} is below 2 points")
     elif args.poll <= 0:
         problem = ("bad_argument", f"poll: {args.poll} must be above 0 seconds")
+    elif args.stream is not None:
+        problem = _check_stream(rundir, args.stream, args.follow)
     if problem is not None:
         print_reply(protocol.reply_error("tail", *problem))
         return 2
     out = sys.stdout.buffer
     try:
         tail_stream(
-            rundir.status,
+            rundir.status if args.stream is None else rundir.root / args.stream,
             out,
             from_seq=args.from_seq,
             run=args.run,
@@ -63,3 +72,13 @@ def run(args: argparse.Namespace) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     return 0
+
+
+def _check_stream(rundir: RunDir, name: str, follow: bool) -> tuple[str, str] | None:
+    if not protocol.ROTATED_STREAM.fullmatch(name):
+        return ("bad_argument", f"stream: {name!r} is not a rotated stream (status.<run_id>.jsonl)")
+    if follow:
+        return ("bad_argument", "stream: a rotated stream no longer grows; leave out --follow")
+    if not (rundir.root / name).is_file():
+        return ("stream_missing", f"stream: {rundir.root / name} does not exist")
+    return None

@@ -15,7 +15,7 @@ from typing import Any
 
 from dflash_train import protocol
 from dflash_train.protocol import Reply, StatusLine
-from dflash_tui.sources.session import ReadOnlyError, Session
+from dflash_tui.sources.session import ReadOnlyError, Session, check_inert
 from dflash_tui.sources.state import RunState
 from dflash_tui.sources.transport import Transport
 
@@ -213,11 +213,13 @@ class ReplaySession(Session):
         *,
         run_dir: str,
         stream_file: Path | None = None,
+        stream_name: str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs["read_only"] = True
         super().__init__(transport, run_dir=run_dir, **kwargs)
-        self.stream_file = stream_file
+        self.stream_file = stream_file  # a stream on this machine
+        self.stream_name = stream_name  # a rotated stream in the box's run dir
 
     @property
     def read_only(self) -> bool:
@@ -225,10 +227,13 @@ class ReplaySession(Session):
 
     async def load(self) -> list[bytes]:
         """Every complete line of the stream: from the local file, or through the box's
-        `tail` without --follow (over SSH or a local subprocess)."""
+        `tail` without --follow (over SSH or a local subprocess), of RUN_DIR/status.jsonl
+        or of the rotated stream named."""
         if self.stream_file is not None:
             return read_stream_file(self.stream_file)
         argv = [*self.trainer, "tail", self.run_dir, "--from-seq", "-1"]
+        if self.stream_name is not None:
+            argv += ["--stream", check_inert("stream", self.stream_name)]
         lines: list[bytes] = []
         refusal: str | None = None
         # A TransportError (HostKeyUnknown among them) goes up as it is: the app offers

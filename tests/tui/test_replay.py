@@ -10,6 +10,7 @@ import pytest
 from textual.widgets import Footer
 
 from dflash_train import protocol
+from dflash_tui.cli import UsageError
 from dflash_tui.sources.replay import ReplayError, ReplaySession, Timeline, read_stream_file
 from dflash_tui.sources.session import ReadOnlyError
 from dflash_tui.sources.state import RunState
@@ -170,3 +171,39 @@ async def test_replay_app_cursor_keys_and_no_control(tmp_path: Path) -> None:
         header = str(app.screen.query_one(RunHeader).render())
         assert "READ-ONLY" in header and "RUNNING" in header
     assert not [w for w in app.workers if w.group == "control"]
+
+
+async def test_a_rotated_stream_is_read_through_the_box_tail(tmp_path: Path) -> None:
+    """A new run id in the same run dir rotates the old stream to status.<run>.jsonl; the
+    box's `tail --stream` reads it (what `replay` does over SSH for such a path)."""
+    import sys
+
+    run_dir = tmp_path / "run"
+    write_stream(run_dir, 30)
+    rotated = run_dir / "status.a1b2c3d4e5f6.jsonl"
+    (run_dir / "status.jsonl").rename(rotated)
+    write_stream(run_dir, 5)  # the newer run's stream
+    transport = RecordingTransport()
+
+    def session(name: str) -> ReplaySession:
+        return ReplaySession(
+            transport,
+            run_dir=str(run_dir),
+            stream_name=name,
+            python=sys.executable,
+            on_line=lambda line: None,
+        )
+
+    assert await session(rotated.name).load() == rotated.read_bytes().splitlines()
+    assert transport.commands[-1][-2:] == ["--stream", rotated.name]
+    with pytest.raises(ReplayError, match="not a rotated stream"):
+        await session("../../etc/passwd.jsonl").load()
+    with pytest.raises(ReplayError, match="does not exist"):
+        await session("status.0ther.jsonl").load()
+
+    args = replay_parser().parse_args([str(rotated), "root@gpu-box", "--container", "200"])
+    app = build_replay(args)
+    assert isinstance(app.session, ReplaySession)
+    assert app.session.stream_name == rotated.name and app.session.run_dir == str(run_dir)
+    with pytest.raises(UsageError, match=r"neither status\.jsonl nor a rotated"):
+        build_replay(replay_parser().parse_args(["/r/notes.jsonl", "root@gpu-box"]))
