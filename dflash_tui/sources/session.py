@@ -269,11 +269,15 @@ class Session:
         report = report or self._report
         attempt = 0
         report(ConnectionState.connecting())
+        # After a `no_run` answer the checks go on quietly: `connected` only once a run's
+        # lines come, so the header does not flicker on each look.
+        waiting_for_run = False
         while True:
             refusal: Reply | None = None
             try:
                 async with self.transport.stream(make_argv()) as lines:
-                    report(ConnectionState.connected())
+                    if not waiting_for_run:
+                        report(ConnectionState.connected())
                     async for raw in lines:
                         delivered, refused = handle(raw)
                         refusal = refused or refusal
@@ -281,6 +285,9 @@ class Session:
                             # A stream that delivers resets the backoff; one that fails at
                             # once keeps growing it.
                             attempt = 0
+                            if waiting_for_run:
+                                waiting_for_run = False
+                                report(ConnectionState.connected())
                     reason = _end_reason(lines.end, refusal.error if refusal else None)
             except TransportError as exc:
                 if not exc.retryable:
@@ -288,11 +295,13 @@ class Session:
                     return
                 reason = str(exc)
             if refusal is not None and refusal.error_code == RUN_DIR_MISSING:
-                # Retrying cannot help: wait for a launch or the operator's `r`.
-                report(ConnectionState.no_run(f"no run in {self.run_dir} yet"))
-                await self._sleep(None)
+                # No reconnect loop: look again only as often as the slowest retry (a run
+                # started elsewhere), or at once after a launch or the operator's `r`.
+                if not waiting_for_run:
+                    report(ConnectionState.no_run(f"no run in {self.run_dir} yet"))
+                waiting_for_run = True
+                await self._sleep(self.backoff.cap)
                 attempt = 0
-                report(ConnectionState.connecting())
                 continue
             attempt += 1
             if self.max_attempts is not None and attempt > self.max_attempts:

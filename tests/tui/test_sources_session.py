@@ -163,13 +163,17 @@ async def test_a_missing_run_dir_waits_for_a_wake_instead_of_retrying(tmp_path: 
     follow = asyncio.create_task(session.follow())
     try:
         await wait_for(lambda: bool(rec.states) and rec.states[-1].status == "no_run")
-        await asyncio.sleep(0.5)  # FAST backoff would have retried several times by now
+        await asyncio.sleep(1.0)  # it looks again each backoff cap (0.3 s), quietly
+        assert [s.status for s in rec.states] == ["connecting", "connected", "no_run"]
+        session.backoff = Backoff(initial=3600.0, cap=3600.0)
+        session.wake()  # one more look (now the cap is an hour), still no run
+        await asyncio.sleep(1.0)
         assert [s.status for s in rec.states] == ["connecting", "connected", "no_run"]
         assert "no run in" in (rec.states[-1].reason or "")
         write_steps(tmp_path / "absent", "r1", 3)
         session.wake()  # what a launch or the operator's `r` does
         await wait_for(lambda: len(rec.lines) >= 3)
-        assert rec.states[-1].status == "connected"
+        assert [s.status for s in rec.states] == ["connecting", "connected", "no_run", "connected"]
     finally:
         follow.cancel()
         with contextlib.suppress(asyncio.CancelledError):
