@@ -246,7 +246,7 @@ class HostWatch:
     async def run(self) -> None:
         try:
             while True:
-                replies = await asyncio.gather(*(row.poll_status() for row in list(self.rows)))
+                replies = await self._poll()
                 down = [r for r in replies if not r.ok and r.error_code in UNREACHABLE_CODES]
                 if replies and len(down) == len(replies):
                     self.reachable, self.problem = False, down[0].error
@@ -264,6 +264,19 @@ class HostWatch:
         finally:
             for row in self.rows:
                 await row.stop_following()
+
+    async def _poll(self) -> list[Reply]:
+        """Each row's status, one at a time: every live row already holds a channel for its
+        tail, and OpenSSH allows a connection 10 at once (MaxSessions). A host that does not
+        answer the first poll (refused, or silent past the timeout) is down: the others
+        would only wait for the same."""
+        replies = []
+        for row in list(self.rows):
+            reply = await row.poll_status()
+            replies.append(reply)
+            if not reply.ok and reply.error_code in UNREACHABLE_CODES:
+                break
+        return replies
 
     async def _sleep(self, seconds: float) -> None:
         # A new row (a profile added from the fleet) wakes the loop early.
