@@ -120,7 +120,11 @@ async def run_fleet(
             if name is None:
                 return 0
             dashboard = dashboard_for(fleet, name, watch=watch, theme=theme)
-            await run(dashboard)
+            await fleet.pause(name)
+            try:
+                await run(dashboard)
+            finally:
+                fleet.resume(name)
             if dashboard.return_value != BACK:
                 return int(dashboard.return_code or 0)
     finally:

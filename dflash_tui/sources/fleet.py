@@ -108,6 +108,8 @@ class FleetRow:
             control_timeout=status_timeout,
         )
         self.follow: asyncio.Task[None] | None = None
+        # While its dashboard is open the row needs no tail of its own (one channel fewer).
+        self.paused = False
 
     @property
     def name(self) -> str:
@@ -210,7 +212,7 @@ class FleetRow:
 
     def start_following(self) -> None:
         cursor = self.cursor_from_status()
-        if cursor is None or (self.follow is not None and not self.follow.done()):
+        if cursor is None or self.paused or (self.follow is not None and not self.follow.done()):
             return
         self.session.start_at(*cursor)
         self.follow = asyncio.ensure_future(self.session.follow())
@@ -364,3 +366,13 @@ class Fleet:
 
     def acknowledge(self, name: str) -> None:
         self.rows[name].alerts.acknowledge()
+
+    async def pause(self, name: str) -> None:
+        row = self.rows[name]
+        row.paused = True
+        await row.stop_following()
+
+    def resume(self, name: str) -> None:
+        row = self.rows[name]
+        row.paused = False
+        row.start_following()

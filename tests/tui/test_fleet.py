@@ -144,6 +144,7 @@ async def test_enter_opens_the_dashboard_read_only_and_escape_comes_back(
             if isinstance(app, FleetApp):
                 if seen:
                     await wait_until(pilot, lambda: "live" in table_names(app))
+                    assert fleet.rows["live"].follow is not None  # its own tail again
                     seen.append(f"fleet again at {app.screen.selected()}")
                     await pilot.press("q")
                     return
@@ -157,6 +158,7 @@ async def test_enter_opens_the_dashboard_read_only_and_escape_comes_back(
             assert app.read_only and app.session.read_only
             assert isinstance(app.transport, PrefixedTransport)
             assert app.transport.base is fleet.rows["live"].link.transport  # one connection
+            assert fleet.rows["live"].follow is None  # the dashboard follows it meanwhile
             for key in ("l", "S", "R", "m"):
                 await pilot.press(key)
                 assert app.screen is app.main_screen(), key
