@@ -50,6 +50,15 @@ def _restart(data: Mapping[str, Any]) -> str:
     else:
         how = "started from scratch (no checkpoint yet)"
     text = f"restarted: {how}{_seconds(data)}, {_started(data)}"
+    changed = data.get("changed")
+    if isinstance(changed, dict) and changed:
+        # What the operator's overrides changed, as the console shows it (issue 13).
+        moves = (
+            f"{name} {_shown(c.get('from'))}→{_shown(c.get('to'))}"
+            for name, c in changed.items()
+            if isinstance(c, dict)
+        )
+        text += f"; changed {', '.join(moves)}"
     previous = data.get("previous_run")
     if isinstance(previous, dict) and previous.get("dir"):
         # A fresh start leaves the old run where it was: say where (issue 12).
@@ -58,6 +67,14 @@ def _restart(data: Mapping[str, Any]) -> str:
     if dropped:
         text += f"; not passed again: {', '.join(str(d) for d in dropped)}"
     return text
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, list):
+        return ",".join(str(v).removeprefix("cuda:") for v in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _stop(data: Mapping[str, Any]) -> str:

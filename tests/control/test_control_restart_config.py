@@ -155,6 +155,7 @@ def test_restart_set_applies_any_option_on_resume_and_refuses_before_stopping(
         "max_steps": {"from": None, "to": 30},
         "lr": {"from": 6e-4, "to": 1e-4},
     }
+    assert "; changed epochs 1000→7, max_steps unset→30, lr 0.0006→0.0001" in back.data["message"]
     assert back.data["train_args"][-2:] == ["--resume-from", "latest"]
     again = read_json(run_dir / "config.json")
     assert again["config"]["optimiser"]["epochs"] == 7 and again["sources"]["epochs"] == "set"
