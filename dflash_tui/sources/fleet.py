@@ -119,7 +119,8 @@ class FleetRow:
         self.state.apply(line)
         self.alerts.on_line(line)
         status = self.status or {}
-        if line.run != status.get("run_id") or line.seq > (status.get("last_seq") or -1):
+        last = status.get("last_seq")
+        if line.run != status.get("run_id") or line.seq > (last if isinstance(last, int) else -1):
             self.fresh_at = self.clock()
 
     async def poll_status(self) -> Reply:
@@ -185,7 +186,7 @@ class FleetRow:
         status = self.status or {}
         badge = self.badge(now, reachable)
         connection = {True: "connected", False: "failed"}.get(reachable, "connecting")
-        self.alerts.check("stalled" if badge == "stalled" else badge, connection, now)
+        self.alerts.check(badge, connection, now)  # a stall alerts; the rest arrive as lines
         temps = [g.get("temp_c") for g in state.gpus]
         hottest = max((t for t in temps if isinstance(t, (int, float))), default=None)
         step = state.step if state.step is not None else status.get("last_step")
