@@ -93,8 +93,12 @@ def build_replay(args: argparse.Namespace) -> ReplayApp:
 def serve_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dflash-tui serve",
+        allow_abbrev=False,  # a destination option must never be read as a prefix of ours
+        usage="dflash-tui serve [--host HOST] [--port PORT] [--public-url URL] DESTINATION...",
         description="Serve a watch-only console to web browsers (textual-serve). Anyone who "
-        "can reach the port can see the run; nobody can control it from there.",
+        "can reach the port can see the run; nobody can control it from there. "
+        "DESTINATION... is what `dflash-tui` takes: a profile or [user@]host[:port], and its "
+        "options (--container, --run-dir, ...), in any order with serve's own.",
     )
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default: loopback only)"
@@ -104,12 +108,6 @@ def serve_parser() -> argparse.ArgumentParser:
         "--public-url",
         metavar="URL",
         help="the address browsers use, when it differs from http://HOST:PORT",
-    )
-    parser.add_argument(
-        "destination",
-        nargs=argparse.REMAINDER,
-        metavar="DESTINATION...",
-        help="what `dflash-tui` takes: a profile or [user@]host[:port], and its options",
     )
     return parser
 
@@ -195,7 +193,11 @@ def run_fleet(args: argparse.Namespace) -> int:
 
 def main(command: str, argv: Sequence[str]) -> int:
     parser = {"replay": replay_parser, "serve": serve_parser, "fleet": fleet_parser}[command]()
-    args = parser.parse_args(list(argv))
+    if command == "serve":
+        # Everything that is not serve's own is the destination, options in any order.
+        args, args.destination = parser.parse_known_args(list(argv))
+    else:
+        args = parser.parse_args(list(argv))
     try:
         if command == "serve":
             return run_serve(args)

@@ -59,6 +59,7 @@ def test_the_cli_shows_a_served_console_as_watch_mode(monkeypatch: pytest.Monkey
     [
         (["--port", "70000", "local"], "--port: 70000 is not in 1..65535"),
         (["--port", "8123", "box", "--container", "abc"], "--container: expected a numeric"),
+        (["--container", "abc", "--port", "8123", "box"], "--container: expected a numeric"),
         (["--port", "8123", "demo"], "serve: the demo launches a run"),
         (["--port", "8123"], "serve: give a destination"),
     ],
