@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import operator
 from array import array
 from collections import deque
 from collections.abc import Sequence
@@ -62,6 +63,21 @@ class SeriesView:
         return xs, ys
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """Where a batch of points goes in a level: the first `head` join its newest bucket;
+    then a bucket per run from each of `starts` to its `ends` (None: one per point), with
+    first steps `x0` and newest times `t`."""
+
+    head: int
+    head_t: float
+    starts: list[int] | None
+    ends: list[int] | None
+    x0: list[float]
+    t: list[float]
+    last_key: float
+
+
 class BucketLevel:
     """Buckets of `width` consecutive steps in parallel flat arrays. A step at or below the
     newest bucket's (a resumed run repeating steps) joins the newest bucket, so x stays in
@@ -88,29 +104,31 @@ class BucketLevel:
     def add(self, x: float, y: float, t: float) -> None:
         self.extend([x], [y], [t])
 
-    def extend(self, xs: list[float], ys: list[float], ts: list[float]) -> None:
+    def extend(
+        self,
+        xs: list[float],
+        ys: list[float],
+        ts: list[float],
+        plans: dict[tuple[float, ...], _Plan | None] | None = None,
+    ) -> None:
         """Add points in x order (a point at or below the newest bucket's key joins it).
         Runs of points that share a bucket are reduced with builtins, not point by point:
-        this runs for every series of every line."""
+        this runs for every series of every line. Series of one row group share `xs`, and
+        with it the plan of which points go where (`plans`, filled by the first)."""
         if not xs:
             return
-        if xs != sorted(xs):
+        key = (self.width, self._key, float(len(self.x0) > 0))
+        if plans is not None and key in plans:
+            plan = plans[key]
+        else:
+            plan = self._plan(xs, ts)
+            if plans is not None:
+                plans[key] = plan
+        if plan is None:
             for x, y, t in zip(xs, ys, ts, strict=True):  # a resume repeating steps
                 self.extend([x], [y], [t])
             return
-        width = self.width
-        if width == 1 and xs[0] > self._key and len(set(xs)) == len(xs):
-            # One bucket per point (the raw level, or a whole-run level still at full
-            # resolution): append the columns as they are.
-            self.x0.fromlist(xs)
-            self.t.fromlist(ts)
-            self.lo.fromlist(ys)
-            self.hi.fromlist(ys)
-            self.total.fromlist(ys)
-            self.n.fromlist([1.0] * len(xs))
-            self._key = xs[-1] // 1
-        else:
-            self._extend_runs(xs, ys, ts)
+        self._apply(plan, ys)
         if len(self.x0) > self.cap:
             if self.merging:
                 self._halve()
@@ -118,10 +136,39 @@ class BucketLevel:
                 # Trim in batches: deleting the head of an array copies it.
                 self._drop(len(self.x0) - self.cap)
 
-    def _extend_runs(self, xs: list[float], ys: list[float], ts: list[float]) -> None:
+    def _plan(self, xs: list[float], ts: list[float]) -> _Plan | None:
+        """None for points out of order; else where each goes (see `_Plan`)."""
+        if xs != sorted(xs):
+            return None
         width = self.width
+        if width == 1 and xs[0] > self._key and len(set(xs)) == len(xs):
+            # One bucket per point (the raw level, or a whole-run level still at full
+            # resolution): the columns go in as they are.
+            return _Plan(0, 0.0, None, None, xs, ts, xs[-1] // 1)
         # Points of the newest bucket's key (a prefix: xs are in order) join it.
         head = bisect.bisect_left(xs, (self._key + 1) * width) if self.x0 else 0
+        head_t = ts[head - 1] if head else 0.0
+        if head == len(xs):
+            return _Plan(head, head_t, [], [], [], [], self._key)
+        rest = xs[head:]
+        starts, last_key = _run_starts(rest, width)
+        starts = [head + a for a in starts]
+        ends = [*starts[1:], len(xs)]
+        return _Plan(
+            head, head_t, starts, ends, [xs[a] for a in starts], [ts[b - 1] for b in ends], last_key
+        )
+
+    def _apply(self, plan: _Plan, ys: list[float]) -> None:
+        if plan.starts is None:
+            self.x0.fromlist(plan.x0)
+            self.t.fromlist(plan.t)
+            self.lo.fromlist(ys)
+            self.hi.fromlist(ys)
+            self.total.fromlist(ys)
+            self.n.fromlist([1.0] * len(ys))
+            self._key = plan.last_key
+            return
+        head = plan.head
         if head:
             run = ys[:head]
             k = len(self.x0) - 1
@@ -129,20 +176,17 @@ class BucketLevel:
             self.hi[k] = max(self.hi[k], max(run))
             self.total[k] += sum(run)
             self.n[k] += head
-            self.t[k] = max(self.t[k], ts[head - 1])
-        if head == len(xs):
-            return
-        xs, ys, ts = xs[head:], ys[head:], ts[head:]
-        starts, last_key = _run_starts(xs, width)
-        ends = [*starts[1:], len(xs)]
-        chunks = [ys[a:b] for a, b in zip(starts, ends, strict=True)]
-        self.x0.fromlist([xs[a] for a in starts])
-        self.t.fromlist([ts[b - 1] for b in ends])
-        self.lo.fromlist(list(map(min, chunks)))
-        self.hi.fromlist(list(map(max, chunks)))
-        self.total.fromlist(list(map(sum, chunks)))
-        self.n.fromlist([float(b - a) for a, b in zip(starts, ends, strict=True)])
-        self._key = last_key
+            self.t[k] = max(self.t[k], plan.head_t)
+        if plan.starts:
+            assert plan.ends is not None
+            chunks = [ys[a:b] for a, b in zip(plan.starts, plan.ends, strict=True)]
+            self.x0.fromlist(plan.x0)
+            self.t.fromlist(plan.t)
+            self.lo.fromlist(list(map(min, chunks)))
+            self.hi.fromlist(list(map(max, chunks)))
+            self.total.fromlist(list(map(sum, chunks)))
+            self.n.fromlist([float(b - a) for a, b in zip(plan.starts, plan.ends, strict=True)])
+        self._key = plan.last_key
 
     def _drop(self, count: int) -> None:
         for column in (self.x0, self.t, self.lo, self.hi, self.total, self.n):
@@ -151,6 +195,8 @@ class BucketLevel:
     def _halve(self) -> None:
         while len(self.x0) > self.cap:
             self.width *= 2
+            if self._halve_pairs():
+                continue
             starts, last_key = _run_starts(self.x0, self.width)
             spans = list(zip(starts, [*starts[1:], len(self.x0)], strict=True))
             x0, t, lo, hi, total, n = self.x0, self.t, self.lo, self.hi, self.total, self.n
@@ -161,6 +207,34 @@ class BucketLevel:
             self.total = array("d", [sum(total[a:b]) for a, b in spans])
             self.n = array("d", [sum(n[a:b]) for a, b in spans])
             self._key = last_key
+
+    def _halve_pairs(self) -> bool:
+        """The common case, a bucket for every key (a live run): neighbours merge two by
+        two, column against column at C speed. False, with nothing changed, otherwise."""
+        count, old = len(self.x0), self.width // 2
+        first, last = self.x0[0] // old, self.x0[-1] // old
+        if last - first != count - 1:
+            return False
+        lone = int(first) % 2  # an odd first key has no partner
+        pairs = (count - lone) // 2
+        end = lone + 2 * pairs
+        columns = {}
+        for name, merge in (("lo", min), ("hi", max), ("total", operator.add), ("n", operator.add)):
+            column = getattr(self, name)
+            merged = array("d", column[:lone])
+            merged.fromlist(list(map(merge, column[lone:end:2], column[lone + 1 : end : 2])))
+            merged.extend(column[end:])
+            columns[name] = merged
+        x0 = array("d", self.x0[:lone])
+        x0.extend(self.x0[lone:end:2])
+        x0.extend(self.x0[end:])
+        t = array("d", self.t[:lone])
+        t.extend(self.t[lone + 1 : end : 2])
+        t.extend(self.t[end:])
+        self.x0, self.t = x0, t
+        self.lo, self.hi, self.total, self.n = (columns[k] for k in ("lo", "hi", "total", "n"))
+        self._key = self.x0[-1] // self.width
+        return True
 
     def first_time(self) -> float | None:
         return self.t[0] if self.t else None
@@ -272,11 +346,17 @@ class MetricHistory:
         if len(self._px) >= PENDING_POINTS:
             self.flush()
 
-    def extend(self, xs: list[float], ys: list[float], ts: list[float]) -> None:
+    def extend(
+        self,
+        xs: list[float],
+        ys: list[float],
+        ts: list[float],
+        plans: dict[tuple[float, ...], _Plan | None] | None = None,
+    ) -> None:
         """Points already batched by the caller (a row group), after any pending ones."""
         self.flush()
         for level in self.levels:
-            level.extend(xs, ys, ts)
+            level.extend(xs, ys, ts, plans if level is self.whole else None)
         self.last = ys[-1]
         self.last_x = max(self.last_x, max(xs))
         self.last_t = max(self.last_t, ts[-1])
@@ -378,11 +458,12 @@ class RowGroup:
         self._rows = []
         xs = [row[0] for row in rows]
         ts = [row[1] for row in rows]
+        plans: dict[tuple[float, ...], _Plan | None] = {}  # shared by the full columns
         for i, name in enumerate(self.names):
             cx, cy, ct = self._columns(rows, i, xs, ts)
             series = self.history.series_for(name, recent=False)
             if cx and series is not None:
-                series.extend(cx, cy, ct)
+                series.extend(cx, cy, ct, plans if cx is xs else None)
 
     def recent_view(
         self, name: str, since_t: float, width: int, *, by_time: bool

@@ -356,7 +356,11 @@ class RunState:
 
     def series(self, name: str, width: int) -> list[tuple[float, float]]:
         """Points of a series ("loss", "queue.hs_ready", "gpu0.util", ...) decimated to
-        at most `width` points, keeping each column's minimum and maximum."""
+        at most `width` points, keeping each column's minimum and maximum. A step metric
+        spans the whole run (its history, as plotted); the others their recent ring."""
+        if name in self.metrics:
+            xs, ys = self.history.view(name, None, max(1, width // 2)).envelope()
+            return list(zip(xs, ys, strict=True))
         return decimate(self._series(name), width)
 
     def series_names(self) -> list[str]:

@@ -97,6 +97,7 @@ class GpuHeatmap(Static):
         super().__init__(id=id, classes=classes)
         self.value = HEAT_VALUES[0]
         self.border_title = self._title()
+        self._rows = -1
 
     def _title(self) -> str:
         return f"7 GPU history · {'power' if self.value == 'power_w' else 'util'} (h)"
@@ -108,4 +109,8 @@ class GpuHeatmap(Static):
 
     def show(self, state: RunState, span_s: float | None, range_name: str) -> None:
         width = max(self.content_size.width, 40)
-        self.update(render_heatmap(state, self.value, span_s, width, range_name))
+        # A layout pass only when the pane's height can change (another GPU).
+        rows = len(state.gpus)
+        text = render_heatmap(state, self.value, span_s, width, range_name)
+        self.update(text, layout=rows != self._rows)
+        self._rows = rows
