@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from dflash_train.drafter import DFlashDrafter
+from dflash_train.pipeline.compile_guard import GUARD
 
 # Logit elements per lm_head chunk: bounds the float32 logits held at once to about 2 GiB
 # whatever the vocab (3,532 rows of Qwen3's 151,936).
@@ -200,7 +201,8 @@ def linear_cross_entropy(
     if torch.is_autocast_enabled(hidden.device.type):
         hidden = hidden.to(torch.get_autocast_dtype(hidden.device.type))
     rows = hidden.shape[0]
-    keep = (row_weights != 0).nonzero().squeeze(1)
+    with GUARD.paused():  # a host sync: other threads may run modules meanwhile
+        keep = (row_weights != 0).nonzero().squeeze(1)
     kept = keep.numel()
     chunk = max(1, LOGIT_ELEMENTS_PER_CHUNK // max(int(weight.shape[0]), 1))
     if kept == rows:

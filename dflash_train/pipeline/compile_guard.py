@@ -1,13 +1,15 @@
-"""Keeps a torch.compile from running while another thread runs nn.Modules.
+"""One lock for running nn.Modules, so a torch.compile never traces beside another thread.
 
-While dynamo/AOTAutograd trace a graph, FX patches nn.Module.__call__ for the whole
-process; a module called meanwhile from another thread goes through the tracer (seen on an
-H200: the target worker died with "using FX to symbolically trace a dynamo-optimized
-function" while the drafter compiled flex attention for a new batch shape). So code that
-runs modules holds the guard shared, and code that may compile holds it exclusively: the
-drafter step upgrades for a new attention shape, a target worker asks for it before a batch
-whose shape signature the warm-up did not cover. One upgrader (the drafter's thread) and
-workers that never upgrade means no deadlock."""
+While dynamo/AOTAutograd trace a graph, FX patches nn.Module.__call__ and sets its
+"tracing" flag for the whole process; a module called meanwhile from another thread goes
+through the tracer. Seen twice on an H200: the target worker died with "Detected that you
+are using FX to symbolically trace a dynamo-optimized function" while the drafter thread
+compiled (a first guard that made only predicted first-time shapes exclusive still lost:
+dynamo also recompiles where nobody predicted it). So every stretch of host code that runs
+modules, and may therefore compile, holds this lock: the drafter step and each target
+forward. Their GPU work still overlaps (it is queued asynchronously on separate streams);
+only the launching is serialised, and a host sync inside a held stretch (the loss's count
+of rows that carry loss) lets go of the lock while it waits (`paused`)."""
 
 from __future__ import annotations
 
@@ -16,59 +18,40 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
-class CompileGuard:
+class ModuleLock:
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._shared: dict[int, int] = {}  # thread id -> depth
-        self._owner: int | None = None  # the thread holding it exclusively
-        self._depth = 0
-        self._waiting = 0  # exclusive requests pending: new shared holders wait for them
+        self._lock = threading.RLock()
+        self._local = threading.local()
 
-    def _others_shared(self, me: int) -> bool:
-        return any(n for tid, n in self._shared.items() if tid != me)
+    @property
+    def depth(self) -> int:
+        return getattr(self._local, "depth", 0)
 
     @contextmanager
-    def shared(self) -> Iterator[None]:
-        me = threading.get_ident()
-        with self._cond:
-            while (self._owner not in (None, me)) or (
-                self._waiting and self._owner != me and not self._shared.get(me)
-            ):
-                self._cond.wait()
-            self._shared[me] = self._shared.get(me, 0) + 1
+    def held(self) -> Iterator[None]:
+        """Run modules (and compile) alone; re-entrant."""
+        self._lock.acquire()
+        self._local.depth = self.depth + 1
         try:
             yield
         finally:
-            with self._cond:
-                self._shared[me] -= 1
-                if not self._shared[me]:
-                    del self._shared[me]
-                self._cond.notify_all()
+            self._local.depth -= 1
+            self._lock.release()
 
     @contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """Wait until no other thread runs modules or compiles, then hold it alone. The
-        caller may already hold it shared (an upgrade) or exclusively (nested)."""
-        me = threading.get_ident()
-        with self._cond:
-            if self._owner == me:
-                self._depth += 1
-            else:
-                self._waiting += 1
-                try:
-                    while self._owner is not None or self._others_shared(me):
-                        self._cond.wait()
-                finally:
-                    self._waiting -= 1
-                self._owner, self._depth = me, 1
+    def paused(self) -> Iterator[None]:
+        """Inside `held`: let other threads run modules while this one waits on the device
+        (it runs none meanwhile). Outside `held`: nothing."""
+        depth = self.depth
+        for _ in range(depth):
+            self._lock.release()
+        self._local.depth = 0
         try:
             yield
         finally:
-            with self._cond:
-                self._depth -= 1
-                if not self._depth:
-                    self._owner = None
-                self._cond.notify_all()
+            for _ in range(depth):
+                self._lock.acquire()
+            self._local.depth = depth
 
 
-GUARD = CompileGuard()
+GUARD = ModuleLock()

@@ -81,14 +81,6 @@ class _PinnedSlots:
                 self._free.append(slot)
 
 
-def _padded_shape(ids_shape: Any, num_anchors: int, block_size: int) -> tuple[int, int, int]:
-    from dflash_train.attention_layout import PAD_TO
-
-    rows, length = int(ids_shape[0]), int(ids_shape[1])
-    queries = min(num_anchors, length) * block_size
-    return rows, -(-length // PAD_TO) * PAD_TO, -(-queries // PAD_TO) * PAD_TO
-
-
 def anchor_seed(seed: int, epoch: int, position: int) -> int:
     """Anchors depend only on (seed, epoch, batch position): the same batch gets the same
     anchors whatever order it is drawn in and whether the run was resumed."""
@@ -132,7 +124,6 @@ class DrafterStepper:
         self._slots = _PinnedSlots(tuple(self._metrics.shape)) if self._pinned else None
         self._generator = torch.Generator(device=device)
         self._last_lr = float(self.scheduler.get_last_lr()[0])
-        self._shapes: set[tuple[int, int, int]] = set()  # padded shapes stepped already
 
     @property
     def lr(self) -> float:
@@ -148,15 +139,10 @@ class DrafterStepper:
 
     def step(self, batch: HiddenBatch, epoch: int) -> None:
 
-
-        cfg = self.config
-        # The first step of a padded shape may compile (flex attention, the CE kernel):
-        # no other thread may run modules meanwhile (compile_guard.py says why).
-        shape = _padded_shape(batch.input_ids.shape, cfg.num_anchors, cfg.block_size)
-        new = shape not in self._shapes
-        with GUARD.exclusive() if new else GUARD.shared():
+        # Any step may compile (a new shape, a dynamo recompile): no other thread may run
+        # modules meanwhile (compile_guard.py says why).
+        with GUARD.held():
             self._step(batch, epoch)
-        self._shapes.add(shape)
 
     def _step(self, batch: HiddenBatch, epoch: int) -> None:
         import torch
@@ -246,7 +232,7 @@ class DrafterStepper:
         vocab = int(self.embed_tokens.weight.shape[0])
         gen = torch.Generator(device=self.device).manual_seed(0)
         start = time.perf_counter()
-        for rows, length in shapes:
+        for rows, length in shapes:  # before any worker exists: no lock needed
             ids = torch.randint(0, vocab, (rows, length), device=self.device, generator=gen)
             loss_mask = torch.ones_like(ids)
             context = torch.randn(
@@ -260,7 +246,6 @@ class DrafterStepper:
                 )  # fmt: skip
             out.loss.backward()
             self.optimizer.zero_grad(set_to_none=True)
-            self._shapes.add(_padded_shape(ids.shape, cfg.num_anchors, cfg.block_size))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - start

@@ -161,20 +161,9 @@ def warm_up_target(
         if padded:
             mask[0, length - length // 4 :] = 0
         extract_context(target, ids, mask, list(layer_ids))
-        _WARM_SIGNATURES.add((id(target), rows == 1, padded))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - start
-
-
-# (target, one row, padded) signatures whose compiled graphs exist: a batch outside them
-# may make dynamo compile, so its forward runs with the compile guard held exclusively.
-_WARM_SIGNATURES: set[tuple[int, bool, bool]] = set()
-
-
-def _signature(target: Target, item: LoadedBatch) -> tuple[int, bool, bool]:
-    mask = item.batch.attention_mask  # host tensor: no device sync
-    return id(target), int(mask.shape[0]) == 1, not bool(mask.all())
 
 
 END_OF_EPOCH = None
@@ -220,9 +209,7 @@ class TargetWorker(threading.Thread):
                 item = self.inbox.get()
                 if item is END_OF_EPOCH:
                     break
-                signature = _signature(self.target, item)
-                known = signature in _WARM_SIGNATURES
-                with GUARD.shared() if known else GUARD.exclusive():
+                with GUARD.held():  # compile_guard.py: no compile beside other modules
                     hb = forward_to_drafter(
                         self.target,
                         item,
@@ -231,7 +218,6 @@ class TargetWorker(threading.Thread):
                         self.timers,
                         self.stream,
                     )
-                _WARM_SIGNATURES.add(signature)
                 self.pool.put(hb, bucket=str(hb.bucket))
         except PoolClosed:
             return

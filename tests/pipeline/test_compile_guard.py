@@ -1,66 +1,43 @@
-"""The compile guard: while one thread may compile (exclusive), no other runs modules."""
+"""The module lock: while one thread runs modules (and may compile), no other does; a host
+sync inside lets the others in and takes the lock back at the same depth."""
 
 from __future__ import annotations
 
 import threading
 
-from dflash_train.pipeline.compile_guard import CompileGuard
+from dflash_train.pipeline.compile_guard import ModuleLock
 
 
-def test_exclusive_waits_for_other_shared_holders_and_blocks_new_ones() -> None:
-    guard = CompileGuard()
+def test_held_excludes_other_threads_and_paused_lets_them_in() -> None:
+    lock = ModuleLock()
     log: list[str] = []
-    worker_in, release_worker, main_done = threading.Event(), threading.Event(), threading.Event()
+    worker_waiting, worker_ran = threading.Event(), threading.Event()
 
     def worker() -> None:
-        with guard.shared():
+        worker_waiting.set()
+        with lock.held():
             log.append("worker runs")
-            worker_in.set()
-            release_worker.wait(5)
-            log.append("worker done")
-        main_done.wait(5)
-        with guard.shared():  # after the compile, shared again
-            log.append("worker again")
+        worker_ran.set()
 
-    thread = threading.Thread(target=worker)
-    thread.start()
-    assert worker_in.wait(5)
-    with guard.shared():  # the drafter's step holds it shared ...
-        upgraded = threading.Event()
-
-        def release_later() -> None:
-            log.append("release")
-            release_worker.set()
-
-        timer = threading.Timer(0.05, release_later)
-        timer.start()
-        with guard.exclusive():  # ... and upgrades for a compile: waits for the worker
-            log.append("compile")
-            upgraded.set()
-        timer.join()
-    main_done.set()
+    with lock.held(), lock.held():  # re-entrant: the drafter step, then the loss inside it
+        thread = threading.Thread(target=worker)
+        thread.start()
+        assert worker_waiting.wait(5)
+        assert not worker_ran.wait(0.2)  # blocked while the step holds the lock
+        log.append("step runs")
+        with lock.paused():  # the loss waits on the device: the worker may launch meanwhile
+            assert lock.depth == 0
+            assert worker_ran.wait(5)
+        assert lock.depth == 2
+        log.append("step again")
     thread.join(5)
-    assert log == ["worker runs", "release", "worker done", "compile", "worker again"]
+    assert log == ["step runs", "worker runs", "step again"]
+    assert lock.depth == 0
 
 
-def test_worker_exclusive_and_drafter_upgrade_do_not_deadlock() -> None:
-    guard = CompileGuard()
-    order: list[str] = []
-    main_in = threading.Event()
-
-    def worker() -> None:
-        main_in.wait(5)
-        with guard.exclusive():  # an unseen batch signature: holds nothing, asks alone
-            order.append("worker compile")
-
-    thread = threading.Thread(target=worker)
-    thread.start()
-    with guard.shared():
-        main_in.set()
-        with guard.exclusive():  # nested upgrade while the worker waits
-            order.append("drafter compile")
-            with guard.exclusive():
-                order.append("nested")
-    thread.join(5)
-    assert not thread.is_alive()
-    assert order == ["drafter compile", "nested", "worker compile"]
+def test_paused_outside_held_does_nothing() -> None:
+    lock = ModuleLock()
+    with lock.paused():
+        assert lock.depth == 0
+    with lock.held():
+        assert lock.depth == 1
