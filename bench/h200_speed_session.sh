@@ -13,11 +13,11 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export DFLASH_CACHE_DIR="$PWD/.devcarry/cache"
 SECONDS=0
 say() { echo "== [$SECONDS s] $*"; }
-if [ ! -d /tmp/site ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+if [ ! -d /tmp/site_i14 ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site_i14 \
     .whl/*.whl .whl_fla/*.whl || exit 1
 fi
-export PYTHONPATH="/tmp/site:$PWD:$PWD/bench"
+export PYTHONPATH="/tmp/site_i14:$PWD:$PWD/bench"
 py=python3
 
 stage_suite() {
