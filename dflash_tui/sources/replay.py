@@ -260,6 +260,14 @@ class ReplaySession(Session):
     def _refuse(self, action: str) -> ReadOnlyError:
         return ReadOnlyError(f"{action}: a replay cannot send control commands")
 
+    def _require_control(self, action: str) -> None:
+        raise self._refuse(action)
+
+    async def _call(self, command: str, argv: Sequence[str], timeout: float) -> Reply:
+        # Every command the Session would send goes through here: a replay sends none,
+        # whatever method a later change adds.
+        raise self._refuse(command)
+
     async def launch(self, train_args: Sequence[str], **_: Any) -> Reply:
         raise self._refuse("launch")
 

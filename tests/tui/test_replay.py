@@ -113,6 +113,8 @@ async def test_the_replay_session_sends_nothing_but_the_read(tmp_path: Path) -> 
     for call in calls:
         with pytest.raises(ReadOnlyError, match="replay"):
             await call
+    with pytest.raises(ReadOnlyError, match="replay"):  # the one door every command uses
+        await session._call("stop", ["stop", "run"], 1.0)
     assert transport.commands == []
 
 
