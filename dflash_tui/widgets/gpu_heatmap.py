@@ -14,6 +14,7 @@ from textual.widgets import Static
 
 from dflash_tui.sources.state import RunState
 from dflash_tui.widgets.gpu_table import ROLE_LABELS
+from dflash_tui.widgets.metric_plot import time_format
 
 HEAT_VALUES = ("util", "power_w")
 ROLE_WIDTH = 8
@@ -81,7 +82,7 @@ def _current(gpu: Mapping[str, Any]) -> str:
 def _axis(first: float | None, last: float | None, cells: int, range_name: str) -> Text:
     if first is None or last is None:
         return Text(" " * LEFT_WIDTH + range_name, style="dim")
-    form = "%d %H:%M" if last - first > 86_400 else "%H:%M"
+    form = time_format(last - first)
     left = time.strftime(form, time.localtime(first))
     right = time.strftime(form, time.localtime(last))
     middle = f" {range_name} "

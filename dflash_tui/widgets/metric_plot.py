@@ -82,11 +82,16 @@ def series_names(history: RunHistory, choice: PlotChoice) -> list[str]:
     return names
 
 
+def time_format(span_s: float) -> str:
+    """Days apart: the date too; within the hour: the seconds."""
+    return "%m-%d %H:%M" if span_s > 86_400 else "%H:%M" if span_s > 3600 else "%H:%M:%S"
+
+
 def time_ticks(first: float, last: float, count: int = 4) -> tuple[list[float], list[str]]:
     """Tick positions and local-time labels for a wall-time axis."""
     if last <= first:
         return [first], [time.strftime("%H:%M", time.localtime(first))]
-    form = "%d %H:%M" if last - first > 86_400 else "%H:%M"
+    form = time_format(last - first)
     ticks = [first + (last - first) * i / count for i in range(count + 1)]
     return ticks, [time.strftime(form, time.localtime(t)) for t in ticks]
 
