@@ -26,7 +26,6 @@ from dflash_tui.subcommands import serve_command
 from tests.reliability import box
 from tests.sshd import LOGIN, LOOPBACK, ClientKey, OpenSshServer, free_port
 from tests.tui.conftest import server_key, trusted_known_hosts
-from tests.tui.test_app_live_run import tiny_data
 
 CHROMIUM = "/usr/bin/chromium"
 # What Chromium needs on this closed, GPU-less machine (and as root).
@@ -45,7 +44,19 @@ MUTATING = ("launch", "stop", "restart", "set")
 # a second even on a loaded 2-core box (later options win over the suite's tiny ones).
 TINY_TARGET = "random:tiny"
 FAST_STEPS = ("--pipeline", "sync", "--tokens-per-batch", "256", "--num-anchors", "4")
-__all__ = ["tiny_data"]  # the module fixture, shared with the live-run test
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Eight prompts answered by the tiny random target itself (the real `prepare`)."""
+    out = tmp_path_factory.mktemp("tiny-data") / "data"
+    reply = box.control(
+        "prepare", "--target-model", TINY_TARGET, "--prompts", "builtin", "--out", str(out),
+        "--samples", "8", "--max-new-tokens", "16", "--batch-size", "8",
+        timeout=300,
+    )  # fmt: skip
+    assert reply.ok, reply
+    return out
 
 
 @pytest.fixture
