@@ -96,7 +96,10 @@ class AsyncCheckpointer:
         (a previous write still running, plus the copies). Raises a failed earlier write."""
         start = time.monotonic()
         self.wait()
-        optimizer, scheduler = self._capture()
+        from dflash_train.pipeline.compile_guard import GUARD
+
+        with GUARD.held():  # reads the live modules: not beside another thread's compile
+            optimizer, scheduler = self._capture()
         job = _Job(root, state, rng, keep, optimizer, scheduler, start)
         self._thread = threading.Thread(
             target=self._write, args=(job,), name="checkpoint-writer", daemon=True
