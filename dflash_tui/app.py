@@ -157,7 +157,7 @@ class DflashApp(App[None]):
 
     async def on_unmount(self) -> None:
         # End the tail/gpus commands before the loop closes, so no child outlives us.
-        io = [w for w in self.workers if w.group in ("stream", "gpus", "status", "startup")]
+        io = [w for w in self.workers if w.group in ("stream", "gpus", "status", "startup", "logs")]
         for worker in io:
             worker.cancel()
         with contextlib.suppress(Exception):
