@@ -18,7 +18,7 @@ from dflash_train.pipeline.async_checkpoint import AsyncCheckpointer
 
 
 def checkpoint_stall(device: torch.device, dims: str, layers: int) -> dict[str, Any]:
-    from speed_suite import DrafterRig, drafter_config
+    from speed_drafter import DrafterRig, drafter_config
 
     rig = DrafterRig(drafter_config(dims, layers, 16), 1, 256, 32, device)
     rig.step()  # AdamW's moments exist, as in a real run
