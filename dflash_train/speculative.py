@@ -49,14 +49,16 @@ def with_block_size(drafter: DFlashDrafter, block_size: int | None) -> DFlashDra
     """The same drafter (shared weights) drafting blocks of `block_size` tokens: a drafter
     trained on blocks of 16 can draft 8 at a time (its block attention is bidirectional,
     so it only sees fewer mask slots)."""
-    if block_size is None or block_size == drafter.config.block_size:
-        return drafter
-    if not 2 <= block_size <= drafter.config.block_size:
+    size = drafter.config.block_size if block_size is None else block_size
+    if not 2 <= size <= drafter.config.block_size:
         raise ValueError(
-            f"block_size: {block_size} outside 2..{drafter.config.block_size} (trained size)"
+            f"block_size: {size} outside 2..{drafter.config.block_size} (trained size)"
         )
     view = copy.copy(drafter)
-    view.config = dataclasses.replace(drafter.config, block_size=block_size)
+    view.config = dataclasses.replace(drafter.config, block_size=size)
+    # One block a round, against a context that grows every round: the dense-mask SDPA
+    # path. flex_attention would compile again for every new context length.
+    view.attention_backend = "sdpa"
     return view
 
 
@@ -217,7 +219,8 @@ def speculative_generate(
     stop_ids: Sequence[int],
 ) -> Generation:
     decoder = _decoder_for(target, drafter, len(prompt_ids), max_new_tokens)
-    return speculative_decode(decoder, drafter, prompt_ids, max_new_tokens, stop_ids)
+    view = with_block_size(drafter, None)
+    return speculative_decode(decoder, view, prompt_ids, max_new_tokens, stop_ids)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ def main() -> int:
     from dflash_train.data.prepare import chat_prompt_ids, stop_token_ids
     from dflash_train.data.prompts import load_prompts
     from dflash_train.export import load_any_drafter
-    from dflash_train.speculative import Decoder, speculative_decode
+    from dflash_train.speculative import Decoder, speculative_decode, with_block_size
     from dflash_train.targets import load_target
 
     started = time.monotonic()
@@ -46,6 +46,7 @@ def main() -> int:
             break
         try:
             drafter = load_any_drafter(checkpoint, args.device, torch.float32).eval()
+            drafter = with_block_size(drafter, None)  # sdpa: no compile per context length
         except (ValueError, OSError) as exc:
             print(f"curve: {checkpoint.name}: {exc}", file=sys.stderr)
             continue

@@ -5,6 +5,7 @@ and only assistant turns (up to and including their end-of-turn token) get loss.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,24 @@ def render(tokenizer: Any, messages: Sequence[Message], generation_prompt: bool)
 
 def encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+
+# First prompts by tokenizer, then by conversation prefix: a prompt answered K times (a
+# `*K` spec) is rendered and tokenised once, not K times.
+_FIRST_PROMPTS: weakref.WeakKeyDictionary[Any, dict[tuple[Message, ...], tuple[str, list[int]]]]
+_FIRST_PROMPTS = weakref.WeakKeyDictionary()
+
+
+def _first_prompt(tokenizer: Any, messages: Sequence[Message]) -> tuple[str, list[int]]:
+    try:
+        cache = _FIRST_PROMPTS.setdefault(tokenizer, {})
+    except TypeError:  # not weak-referenceable: no cache
+        cache = {}
+    key = tuple(messages)
+    if key not in cache:
+        text = render(tokenizer, messages, generation_prompt=True)
+        cache[key] = (text, encode(tokenizer, text))
+    return cache[key]
 
 
 def answer_points(conversation: Conversation) -> list[int]:
@@ -53,6 +72,10 @@ class TurnBuilder:
     def prompt_ids(self, point: int) -> list[int]:
         """Everything before the assistant turn at `point`, ending with the template's
         assistant header."""
+        if not self._consumed:
+            self._start, ids = _first_prompt(self.tokenizer, self.messages[:point])
+            self._pending = list(ids)
+            return self.ids + self._pending
         text = render(self.tokenizer, self.messages[:point], generation_prompt=True)
         if not text.startswith(self._consumed):
             raise ChatTemplateError(
@@ -76,15 +99,17 @@ class TurnBuilder:
             self.messages[point] = message
         else:
             self.messages.append(message)
-        full = render(self.tokenizer, self.messages[: point + 1], generation_prompt=False)
         expected = self._start + content + stop
+        self._pending = []
+        if point == self.points[-1]:
+            return  # nothing follows: no later turn needs the rendering checked
+        full = render(self.tokenizer, self.messages[: point + 1], generation_prompt=False)
         if not full.startswith(expected):
             raise ChatTemplateError(
                 "target: its chat template does not write assistant turns verbatim after the "
                 "generation prompt; multi-turn samples cannot be built from it"
             )
         self._consumed = expected
-        self._pending = []
 
 
 def kept_answer(tokenizer: Any, builder: TurnBuilder, point: int, stop_ids: Sequence[int]):
