@@ -25,6 +25,7 @@ class LineViewer(Screen[None]):
         Binding("G", "end", "End (follow)"),
         Binding("g", "start", "Start"),
         Binding("escape", "back", "Back"),
+        Binding("q", "app.quit", "Quit"),  # as on the dashboard: the run keeps running
     ]
     DEFAULT_CSS = """
     LineViewer #viewer-title { height: 1; background: $panel; padding: 0 1; }
