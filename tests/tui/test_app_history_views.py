@@ -120,6 +120,7 @@ async def test_i_shows_the_run_details_and_c_lists_its_checkpoints(tmp_path: Pat
         rows = [table.get_row_at(i) for i in range(table.row_count)]
         assert [row[0] for row in rows] == ["4,400", "4,000", "2,000"]
         assert [row.state for row in screen.rows] == ["incomplete", "complete", "pruned"]
-        assert rows[1][2] == "3.0 KB" and rows[1][3] == "4.2"  # size on the box (marker too), save s
+        # Size on the box (its marker too) and the seconds the save took.
+        assert rows[1][2] == "3.0 KB" and rows[1][3] == "4.2"
         await pilot.press("escape")
         assert not isinstance(app.screen, CheckpointsScreen)
