@@ -113,3 +113,29 @@ def test_summary_then_live_steps_read_as_one_run_from_its_first_step(tmp_path: P
     # The last 10 minutes come from live steps only, one column each.
     recent = state.history.view("loss", state.since(600), 1000)
     assert recent.xs[0] >= 106_000 - 601 and recent.xs[-1] == 106_000
+
+
+def test_eval_tau_stage_times_starved_and_markers_reach_the_history() -> None:
+    state = RunState()
+    start = {"config": {}, "topology": {}, "dataset": {}, "batches_per_epoch": 10,
+             "total_steps": 100, "pid": 1, "host": "h"}  # fmt: skip
+    state.apply(line("run_start", 0, T0, **start))
+    state.apply(line("step", 1, T0 + 1, **step_fields(5, 10, 1)))
+    state.apply(line("profile", 2, T0 + 2, stages_ms={"target_fwd": 580.5, "copy": 130.0},
+                     allocator={}))  # fmt: skip
+    queue = {"hs_ready": 4, "hs_queue_depth": 8, "hs_min_ready": 2, "producer_wait": 0.1,
+             "consumer_wait": 0.0, "starved": 0.25, "bucket_mix": {}}  # fmt: skip
+    state.apply(line("queue", 3, T0 + 3, **queue))
+    state.apply(line("event", 4, T0 + 4, level="info", code="eval", message="eval", tau=2.75,
+                     step=5))  # fmt: skip
+    state.apply(line("checkpoint", 5, T0 + 5, step=5, path="c/step_0000005", seconds=1.0))
+    state.apply(line("run_start", 6, T0 + 6, **start, start_step=5, resumed_from="c/step_5"))
+    state.apply(line("run_end", 7, T0 + 7, reason="completed", exit_code=0))
+    history = state.history
+    assert history.names("stage.") == ["stage.copy", "stage.target_fwd"]
+    assert history.view("stage.target_fwd", None, 10).means == [580.5]
+    assert history.view("eval_tau", None, 10).xs == [5] and history.series["eval_tau"].last == 2.75
+    assert history.view("starved", None, 10).means == [0.25]
+    assert [(m.kind, m.step) for m in history.markers] == [
+        ("start", 0), ("checkpoint", 5), ("resume", 5), ("end", 5)
+    ]  # fmt: skip
