@@ -93,7 +93,6 @@ class RunState:
         self.total_steps: int | None = None
         self.tokens: int | None = None
         self.current: dict[str, float | None] = dict.fromkeys(STEP_METRICS)
-        self.metrics: dict[str, Series] = {m: deque(maxlen=self._history) for m in STEP_METRICS}
         self.queue: Mapping[str, Any] | None = None
         self.queue_series: dict[str, Series] = {
             v: deque(maxlen=self._history) for v in QUEUE_VALUES
@@ -104,7 +103,8 @@ class RunState:
         self.checkpoints: deque[StatusLine] = deque(maxlen=CHECKPOINTS_KEPT)
         self.profile: StatusLine | None = None
         self.history = RunHistory()
-        self._step_rows = self.history.group(STEP_METRICS)
+        # The newest `history` step lines whole: the zoomed plots and `metrics` read them.
+        self._step_rows = self.history.group(STEP_METRICS, recent=self._history)
         self.last_seq: int | None = None
         self.last_time: float | None = None
         self.last_arrival: float | None = None
@@ -166,14 +166,9 @@ class RunState:
         self.epoch = fields["epoch"]
         self.epoch_progress = fields["epoch_progress"]
         self.tokens = fields["tokens"]
-        current = self.current
-        metrics = self.metrics
-        for name in STEP_METRICS:
-            value = fields[name]
-            current[name] = value
-            if value is not None:
-                metrics[name].append((step, value))
-        self._step_rows.add(step, line.t, _step_values(fields))
+        values = _step_values(fields)
+        self.current.update(zip(STEP_METRICS, values, strict=True))
+        self._step_rows.add(step, line.t, values)
         if not fields.get("history"):
             # Decimated history points are too sparse for a rate; live steps are not.
             self._step_times.append((step, line.t))
@@ -296,9 +291,21 @@ class RunState:
         """The newest value of a step metric (None when the trainer sent null)."""
         return self.current[name]
 
+    @property
+    def metrics(self) -> dict[str, list[tuple[float, float]]]:
+        """Each step metric's newest points as (step, value), oldest first: the step lines
+        kept whole (at most `history`), nulls left out."""
+        rows = self._step_rows.recent
+        return {
+            name: [(row[0], row[2][i]) for row in rows if row[2][i] is not None]
+            for i, name in enumerate(STEP_METRICS)
+        }
+
     def average_ktok_s(self, window: int = 100) -> float | None:
-        series = self.metrics["ktok_s"]
-        recent = [v for _, v in list(series)[-window:]]
+        rows = self._step_rows.recent
+        i = STEP_METRICS.index("ktok_s")
+        recent = [rows[-k][2][i] for k in range(1, min(window, len(rows)) + 1)]
+        recent = [v for v in recent if v is not None]
         return sum(recent) / len(recent) if recent else None
 
     def last_line_age(self, now: float | None = None) -> float | None:
@@ -358,7 +365,7 @@ class RunState:
         """Points of a series ("loss", "queue.hs_ready", "gpu0.util", ...) decimated to
         at most `width` points, keeping each column's minimum and maximum. A step metric
         spans the whole run (its history, as plotted); the others their recent ring."""
-        if name in self.metrics:
+        if name in STEP_METRICS:
             xs, ys = self.history.view(name, None, max(1, width // 2)).envelope()
             return list(zip(xs, ys, strict=True))
         return decimate(self._series(name), width)
@@ -367,8 +374,8 @@ class RunState:
         names = list(STEP_METRICS) + [f"queue.{v}" for v in QUEUE_VALUES]
         return names + sorted(self.gpu_series)
 
-    def _series(self, name: str) -> Series:
-        if name in self.metrics:
+    def _series(self, name: str) -> Series | list[tuple[float, float]]:
+        if name in STEP_METRICS:
             return self.metrics[name]
         if name.startswith("queue.") and name[6:] in self.queue_series:
             return self.queue_series[name[6:]]
