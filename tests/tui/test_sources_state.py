@@ -1,9 +1,8 @@
 """RunState as a pure reducer: run reset, bounded buffers, run states, settings in force,
-ETA, decimation, and the speed of replaying a long history."""
+ETA, decimation, and a long history kept within its bounds."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -222,7 +221,8 @@ def test_series_names_and_unknown_series() -> None:
         state.series("bogus", 10)
 
 
-def test_applies_200k_history_lines_fast() -> None:
+def test_applies_200k_history_lines_within_bounds() -> None:
+    # Its speed is a benchmark (bench/state_apply.py), not an assertion here.
     # Built directly (decoding is not what is measured here), sharing field dicts.
     step_fields = dict(step(1, 1).fields)
     gpu_fields = dict(gpu(1).fields)
@@ -237,11 +237,7 @@ def test_applies_200k_history_lines_fast() -> None:
         else:
             lines.append(StatusLine(1, i, 1000.0 + i, "r1", "heartbeat", {}))
     state = RunState()
-    started = time.process_time()
     for decoded in lines:
         state.apply(decoded)
-    elapsed = time.process_time() - started
     assert state.step == 200_000 and state.lines_applied == 200_001
     assert len(state.series("loss", 120)) <= 120
-    # Measured about 0.4 s of CPU on this 2-core box; the bound leaves room for CI noise.
-    assert elapsed < 1.0, f"applying 200k lines took {elapsed:.2f} s of CPU"
