@@ -107,7 +107,9 @@ class CheckpointsScreen(ModalScreen[None]):
         """The box's answer: its listing, or None with why there is none."""
         self.listed = None if listed is None else list(listed)
         self.note = note
-        if self.is_mounted:
+        # The answer can come after the screen was closed (or before it mounted): then
+        # there is nothing to draw; compose() shows the note if it mounts later.
+        if self.is_mounted and self.is_attached:
             self.query_one("#checkpoints-note", Static).update(note)
             self.fill()
 
