@@ -197,12 +197,16 @@ def remember_in(profile: Profile) -> Callable[[str, Any], None]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dflash_tui.keymap import PANES  # here: the key table imports Textual
+
     parser = argparse.ArgumentParser(
         prog="dflash-tui",
         description="Operator console for dflash training runs. `dflash-tui demo` starts a "
         "local demo (no host, no GPU).",
-        epilog="keys: l launch, R restart, S stop, m hs_min_ready, 1-6 panes, t theme, "
-        "p pause, ? help, q quit (the run keeps running)",
+        epilog="keys: l launch, R restart, S stop, m hs_min_ready, L log, e events, "
+        "v/z/x/h plots, i details, c checkpoints, d dismiss alerts, r reconnect, "
+        f"1-{len(PANES)} panes, t theme, p pause, ? help (all keys), q quit (the run keeps "
+        "running)",
     )
     add_destination_options(
         parser,
