@@ -77,13 +77,27 @@ def main() -> int:
     parser.add_argument("--work", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--commands", type=Path, help="the commands that ran, one a line")
+    parser.add_argument(
+        "--status", type=Path, action="append",
+        help="status streams whose step lines make the curve, in order (default W/run's)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--extra", action="append", default=[], metavar="KEY=PATH",
+        help="a JSON file to include in result.json under KEY",
+    )  # fmt: skip
     args = parser.parse_args()
     work, out = args.work, args.out
     prepare = _json(work / "prepare.json") or {}
     evaluation = _json(work / "eval.json") or {}
     curve = (_json(work / "curve.json") or {}).get("points", [])
     ngram = _json(work / "ngram.json") or {}
-    steps = step_records(work / "run" / "status.jsonl")
+    streams = args.status or [work / "run" / "status.jsonl"]
+    steps = []
+    for stream in streams:  # a resumed run's lines continue the earlier one's
+        later = step_records(stream)
+        if steps and later:
+            later = [r for r in later if r["step"] > steps[-1]["step"]]
+        steps += later
     by_size = {b["block_size"]: b for b in evaluation.get("by_block_size", [])}
     last = steps[-1] if steps else {}
     tail = steps[-10:]
@@ -113,6 +127,9 @@ def main() -> int:
         "data": {k: prepare.get(k) for k in DATA_FIELDS},
         "eval": evaluation,
     }  # fmt: skip
+    for item in args.extra:
+        key, _, path = item.partition("=")
+        result[key] = _json(Path(path))
     if args.commands and args.commands.is_file():
         result["commands"] = args.commands.read_text(encoding="utf-8").splitlines()
     out.mkdir(parents=True, exist_ok=True)

