@@ -4,6 +4,7 @@ server (per test, in the test's event loop) and one OpenSSH sshd shared by the s
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from dflash_train.protocol import Rejected, StatusLine
+from dflash_train.protocol import Rejected, Reply, StatusLine, decode_reply
 from dflash_train.status_writer import StatusWriter
 from dflash_tui.sources.backoff import Backoff
 from dflash_tui.sources.known_hosts import trust_host_key
@@ -152,6 +153,23 @@ def write_steps(run_dir: Path, run_id: str, count: int) -> None:
             ktok_s=1.0,
         )
     writer.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Eight prompts answered by the tiny random target itself (the real `prepare`), made
+    once for every console test that trains a real run on it."""
+    out = tmp_path_factory.mktemp("tiny-data") / "data"
+    done = subprocess.run(
+        [sys.executable, "-m", "dflash_train", "prepare", "--target-model", "random:tiny",
+         "--prompts", "builtin", "--out", str(out), "--samples", "8",
+         "--max-new-tokens", "16", "--batch-size", "8"],
+        capture_output=True, timeout=300, stdin=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    reply = decode_reply(done.stdout)
+    assert isinstance(reply, Reply) and reply.ok, (reply, done.stderr[-2000:])
+    return out
 
 
 @pytest.fixture(params=["asyncssh", "openssh"])

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from textual.widgets import Input
 
 from dflash_tui.screens.reply import ReplyDialog
@@ -29,18 +28,6 @@ TINY_TRAIN = {
     "extra": "--draft-layers 1 --max-length 128 --block-size 4 --num-anchors 4 "
     "--tokens-per-batch 256 --save-every 0",
 }
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tiny") / "data"
-    subprocess.run(
-        [sys.executable, "-m", "dflash_train", "prepare", "--target-model", "random:tiny",
-         "--prompts", "builtin", "--out", str(out), "--samples", "8",
-         "--max-new-tokens", "16", "--batch-size", "8"],
-        check=True, capture_output=True, timeout=300, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    return out
 
 
 async def test_launch_set_and_stop_a_real_run(tmp_path: Path, tiny_data: Path) -> None:

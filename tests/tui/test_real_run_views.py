@@ -46,19 +46,6 @@ TINY_TARGET = "random:tiny"
 FAST_STEPS = ("--pipeline", "sync", "--tokens-per-batch", "256", "--num-anchors", "4")
 
 
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Eight prompts answered by the tiny random target itself (the real `prepare`)."""
-    out = tmp_path_factory.mktemp("tiny-data") / "data"
-    reply = box.control(
-        "prepare", "--target-model", TINY_TARGET, "--prompts", "builtin", "--out", str(out),
-        "--samples", "8", "--max-new-tokens", "16", "--batch-size", "8",
-        timeout=300,
-    )  # fmt: skip
-    assert reply.ok, reply
-    return out
-
-
 @pytest.fixture
 def live_tiny_run(tiny_data: Path, tmp_path: Path) -> Iterator[Path]:
     run_dir = tmp_path / "run"
