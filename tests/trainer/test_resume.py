@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 from train_process import losses_by_step, run_train, start_train, status_lines, train_argv, wait_for
@@ -27,14 +28,27 @@ def _argv(data: Path, run_dir: Path, *extra: str) -> list[str]:
 def test_sigterm_then_resume_matches_an_unbroken_run(
     tmp_path: Path, prepared_data_dir: Path
 ) -> None:
+    # The unbroken run trains beside the broken one: two one-thread processes, two cores.
     whole_dir = tmp_path / "whole"
-    whole = run_train(
-        _argv(prepared_data_dir, whole_dir, "--pipeline", "sync", "--save-every", "0")
+    whole_log = tmp_path / "whole.log"
+    whole = start_train(
+        _argv(prepared_data_dir, whole_dir, "--pipeline", "sync", "--save-every", "0"),
+        whole_log,
     )
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    expected = losses_by_step(status_lines(whole_dir))
-    assert sorted(expected) == list(range(1, STEPS + 1))
+    try:
+        _interrupt_and_resume(tmp_path, prepared_data_dir, whole_dir, whole, whole_log)
+    finally:
+        if whole.poll() is None:
+            whole.kill()
 
+
+def _interrupt_and_resume(
+    tmp_path: Path,
+    prepared_data_dir: Path,
+    whole_dir: Path,
+    whole: subprocess.Popen[bytes],
+    whole_log: Path,
+) -> None:
     run_dir = tmp_path / "broken"
     log = tmp_path / "broken.log"
     async_one = (
@@ -61,6 +75,9 @@ def test_sigterm_then_resume_matches_an_unbroken_run(
 
     resumed = run_train(_argv(prepared_data_dir, run_dir, *async_one, "--resume-from", "latest"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert whole.wait(timeout=240) == 0, whole_log.read_text()[-3000:]
+    expected = losses_by_step(status_lines(whole_dir))
+    assert sorted(expected) == list(range(1, STEPS + 1))
     lines = status_lines(run_dir)
     second = lines[len(first) :]
     start = second[0]
