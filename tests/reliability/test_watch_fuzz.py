@@ -7,7 +7,6 @@ sequences are able to get there."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 import unicodedata
@@ -15,7 +14,6 @@ from pathlib import Path
 
 from textual import events
 from textual.keys import REPLACED_KEYS, _character_to_key, _get_unicode_name_from_key
-from textual.pilot import Pilot
 
 from dflash_tui.app import ConsoleOptions, DflashApp
 from tests.reliability.console_side import BOX_PYTHON, ssh_transport, trusted
@@ -29,7 +27,6 @@ CONTROL_KEYS = 300
 # seed broke whenever the console changed; a handful keeps the control short and stable.
 CONTROL_SEEDS = (4, 7, 8, 9, 10, 11)
 BURST = 20
-IDLE_SLICE = 0.004  # seconds: see settle()
 # Keys that may open or close a screen end a burst: the next key must reach the screen
 # they lead to, as it would for a person who looks before typing on.
 SCREEN_CHANGING = frozenset({"enter", "escape", "space", "y", "Y", "n", "N"}) | frozenset(
@@ -83,22 +80,6 @@ def type_burst(app: DflashApp, keys: list[str]) -> None:
         driver.send_message(event)
 
 
-async def settle(pilot: Pilot[None]) -> None:
-    """Pilot.pause() with a finer idle check. Pilot.pause() waits for the screen's queued
-    messages, then sleeps in 20 ms slices until one passes with under 1 ms of this
-    process's CPU (at most 1 s); here the slices are 4 ms with under 0.2 ms of CPU, the
-    same 5 % ratio. The app still settles (and reaches the screen a key opened) before
-    the next burst: seed 6 drives the same screens, burst for burst, either way. What goes
-    is ~40 ms of sitting idle after each of ~470 bursts (45 s -> 25 s on 2 cores)."""
-    await pilot.pause(0)  # the screen's queued messages, as pause() starts
-    start = time.monotonic()
-    while time.monotonic() - start < 1.0:
-        cpu = time.process_time()
-        await asyncio.sleep(IDLE_SLICE)
-        if time.process_time() - cpu < IDLE_SLICE / 20:
-            break
-
-
 def mutating(commands: list[str]) -> list[str]:
     found = []
     for command in commands:
@@ -144,7 +125,7 @@ async def fuzz(
                 await pilot.pause(0.05)
             for burst in bursts(rng.choices(ALPHABET, weights, k=keys)):
                 type_burst(app, burst)
-                await settle(pilot)
+                await pilot.pause()
                 typed += len(burst)
                 assert app.is_running, f"the app ended after {typed} keys"
             await pilot.pause(0.5)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import asyncssh
 import pytest
+import textual._wait as textual_wait
 
 from dflash_train.protocol import Rejected, Reply, StatusLine, decode_reply
 from dflash_train.status_writer import StatusWriter
@@ -32,6 +33,15 @@ from tests.sshd import (
 )
 
 PCT_PREFIX = ("pct", "exec", "200", "--")
+
+# Pilot's press() and pause() wait for the app to go idle: they sleep in 20 ms slices until
+# one passes with under 1 ms of this process's CPU. Slices of 4 ms with under 0.2 ms (the
+# same 5 % ratio) tell idle from busy alike and sit ~40 ms less after every key and
+# pause; hundreds of those add up to minutes over the console and reliability tests. Set
+# here, at import: every test that drives a Textual app imports this module (the
+# reliability conftest reuses its fixtures), and the constants are read at each call.
+textual_wait.SLEEP_GRANULARITY = 0.004
+textual_wait.SLEEP_IDLE = textual_wait.SLEEP_GRANULARITY / 20
 
 
 @pytest.fixture(scope="session")
