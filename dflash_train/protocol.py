@@ -127,6 +127,10 @@ class Rejected:
 
     code: str
     reason: str
+    # A notice of a line the box skipped (code `oversized`) names that line, so a reader's
+    # cursor can move past it and a resumed `tail` does not send the notice again.
+    of_run: str | None = None
+    of_seq: int | None = None
 
 
 class EncodeError(ValueError):
@@ -252,13 +256,18 @@ def decode_line(raw: str | bytes) -> StatusLine | Rejected:
 SKIPPED_OVERSIZED = "oversized"
 
 
-def skipped_notice(size: int, seq: int | None = None, kind: str | None = None) -> bytes:
-    """The line `tail` sends instead of a line of `size` bytes (its seq and kind if known)."""
+def skipped_notice(
+    size: int, seq: int | None = None, kind: str | None = None, run: str | None = None
+) -> bytes:
+    """The line `tail` sends instead of a line of `size` bytes (its seq, kind and run if
+    known)."""
     record: dict[str, Any] = {"v": SCHEMA_VERSION, "skipped": SKIPPED_OVERSIZED, "bytes": size}
     if seq is not None:
         record["of_seq"] = seq
     if kind is not None:
         record["of_kind"] = kind
+    if run is not None:
+        record["of_run"] = run
     return json.dumps(record, separators=(",", ":")).encode()
 
 
@@ -268,8 +277,12 @@ def _skipped_reason(obj: Mapping[str, Any]) -> Rejected:
     if isinstance(kind, str):
         what += f" ({kind[:40]})"
     shown = f" of {size} bytes" if type(size) is int else ""
+    run = obj.get("of_run")
     return Rejected(
-        SKIPPED_OVERSIZED, f"{what}{shown} not sent by the box: over {MAX_LINE_BYTES} bytes"
+        SKIPPED_OVERSIZED,
+        f"{what}{shown} not sent by the box: over {MAX_LINE_BYTES} bytes",
+        of_run=run if isinstance(run, str) else None,
+        of_seq=seq if type(seq) is int and seq >= 0 else None,
     )
 
 

@@ -7,26 +7,62 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from dflash_train import protocol
 
+if TYPE_CHECKING:
+    from dflash_train.control.tail import Envelope
 
-def last_record(path: Path, *, max_tail_bytes: int = 1 << 20) -> protocol.StatusLine | None:
-    """The last well-formed line of a stream, reading only its tail."""
+
+_BLOCK = 1 << 20
+# An envelope is the first ~150 bytes of a line; enough to read one however long the line.
+_HEAD = 512
+
+
+def _line_starts_backwards(fh: BinaryIO, end: int, floor: int) -> Iterator[int]:
+    """Offsets at which lines start, the last line's first, found by reading blocks
+    backwards from `end` down to `floor` (where a line starts only when floor is 0)."""
+    pos = end
+    while pos > floor:
+        start = max(floor, pos - _BLOCK)
+        fh.seek(start)
+        block = fh.read(pos - start)
+        i = len(block)
+        while (i := block.rfind(b"\n", 0, i)) >= 0:
+            yield start + i + 1
+        pos = start
+    if floor == 0:
+        yield 0
+
+
+def last_record(path: Path, *, max_scan_bytes: int = 64 << 20) -> Envelope | None:
+    """seq, run and kind of the stream's last status line, reading backwards from the end.
+    A line too long for readers (over MAX_LINE_BYTES: `tail` sends a notice instead) still
+    used up its seq, so its envelope counts: a resumed writer that missed it would start
+    its run's seq again at 0 and every reader would drop what followed as already seen."""
+    from dflash_train.control.tail import read_envelope
+
     try:
-        with path.open("rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - max_tail_bytes))
-            chunk = fh.read()
+        fh = path.open("rb")
     except FileNotFoundError:
         return None
-    for raw in reversed(chunk.split(b"\n")):
-        decoded = protocol.decode_line(raw)
-        if isinstance(decoded, protocol.StatusLine):
-            return decoded
+    with fh:
+        end = fh.seek(0, os.SEEK_END)
+        line_end = end  # where the line starting at the next offset ends
+        for line_start in _line_starts_backwards(fh, end, max(0, end - max_scan_bytes)):
+            length = line_end - line_start
+            line_end = line_start - 1  # the newline before this line ends the one before
+            if length <= 0:
+                continue
+            fh.seek(line_start)
+            # A short line decodes whole; of a long one, the envelope at its head is enough.
+            line = fh.read(length if length <= _HEAD * 8 else _HEAD)
+            env = read_envelope(line.rstrip(b"\n"))
+            if env is not None:
+                return env
     return None
 
 

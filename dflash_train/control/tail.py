@@ -294,13 +294,13 @@ class StreamFollower:
         """The notice sent instead of a skipped line; None for one the reader already had
         (its seq is at or below the cursor)."""
         match = ENVELOPE_PREFIX.match(head)
-        seq = kind = None
+        seq = kind = run = None
         if match is not None:
-            seq, kind = int(match.group(1)), decoded(match.group(3))
-            if seq <= self.cursor and self.run in (None, decoded(match.group(2))):
+            seq, run, kind = int(match.group(1)), decoded(match.group(2)), decoded(match.group(3))
+            if seq <= self.cursor and self.run in (None, run):
                 return None
         self.oversized += 1
-        notice = protocol.skipped_notice(size, seq, kind)
+        notice = protocol.skipped_notice(size, seq, kind, run)
         self.notices.append(notice)
         return notice
 

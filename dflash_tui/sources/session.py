@@ -196,6 +196,15 @@ class Session:
         self._cursor = (line.run, line.seq)
         self._on_line(line)
 
+    def _skip_past(self, rejected: Rejected) -> None:
+        """A line the box did not send (too long) still used up its seq: the cursor moves
+        past it, so a reconnect resumes after it and its notice is not counted twice."""
+        run, seq = self._cursor
+        if rejected.of_seq is None or rejected.of_run is None:
+            return
+        if run in (None, rejected.of_run) and rejected.of_seq > seq:
+            self._cursor = (rejected.of_run, rejected.of_seq)
+
     def _report(self, state: ConnectionState) -> None:
         self.connection = state
         self._on_connection(state)
@@ -203,7 +212,8 @@ class Session:
     async def follow(self) -> None:
         """Follow the status stream until cancelled; returns only after reporting `failed`
         (a refused host key or login, or `max_attempts` spent)."""
-        await self._keep_streaming(self.tail_argv, self._status_handler(self._deliver))
+        handler = self._status_handler(self._deliver, skipped=self._skip_past)
+        await self._keep_streaming(self.tail_argv, handler)
 
     async def follow_gpus(self, interval: float = 2.0) -> None:
         if not interval > 0:
@@ -242,7 +252,9 @@ class Session:
             await asyncio.wait_for(self._wake.wait(), delay)
 
     def _status_handler(
-        self, deliver: Callable[[StatusLine], None]
+        self,
+        deliver: Callable[[StatusLine], None],
+        skipped: Callable[[Rejected], None] = lambda rejected: None,
     ) -> Callable[[bytes], tuple[bool, Reply | None]]:
         def handle(raw: bytes) -> tuple[bool, Reply | None]:
             decoded = protocol.decode_line(raw)
@@ -254,6 +266,7 @@ class Session:
             reply = protocol.decode_reply(raw)
             if isinstance(reply, Reply) and not reply.ok:
                 return False, reply
+            skipped(decoded)
             self._on_reject(decoded)
             return False, None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_train.protocol import Rejected, StatusLine
+from dflash_train.protocol import MAX_LINE_BYTES, Rejected, StatusLine
 from dflash_train.status_writer import StatusWriter
 from dflash_tui.sources.backoff import Backoff
 from dflash_tui.sources.session import (
@@ -108,6 +109,34 @@ async def test_follow_delivers_and_resumes_after_the_tail_dies(tmp_path: Path) -
     assert len(reconnects) == 3 and all(s.attempt == 1 for s in reconnects)
     assert reconnects[0].next_in is not None and reconnects[0].next_in <= 0.05
     assert "exit" in (reconnects[0].reason or "")
+    await stop(task)
+    writer.close()
+
+
+async def test_a_skipped_oversized_line_is_counted_once_across_a_reconnect(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    write_steps(run_dir, "runA", 5)
+    record = {"v": 1, "seq": 5, "t": 1.0, "run": "runA", "kind": "event", "level": "info"}
+    record |= {"code": "x", "message": "m" * (2 * MAX_LINE_BYTES)}
+    with (run_dir / "status.jsonl").open("ab") as fh:
+        fh.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+    pids = tmp_path / "pids"
+    rec = Recorder()
+    session = rec.session(LocalTransport((*PID_LOGGING, str(pids))), run_dir, history_points=0)
+    task = asyncio.create_task(session.follow())
+    await wait_for(lambda: len(rec.lines) == 5 and len(rec.rejected) == 1, timeout=20)
+    assert rec.rejected[0].code == "oversized" and rec.rejected[0].of_seq == 5
+    # The skipped line used up seq 5: a resumed tail starts after it.
+    assert session.cursor == ("runA", 5)
+    assert session.tail_argv()[-4:] == ["--from-seq", "5", "--run", "runA"]
+    os.kill(int(pids.read_text().split()[-1]), signal.SIGKILL)  # the connection drops
+    writer = StatusWriter(run_dir / "status.jsonl", "runA")
+    writer.write("heartbeat")
+    await wait_for(lambda: len(rec.lines) == 6)
+    assert rec.lines[-1].seq == 6 and len(rec.rejected) == 1
+    assert len(pids.read_text().split()) == 2  # it did reconnect
     await stop(task)
     writer.close()
 
