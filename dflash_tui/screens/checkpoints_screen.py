@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
+from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
@@ -108,10 +109,16 @@ class CheckpointsScreen(ModalScreen[None]):
         self.listed = None if listed is None else list(listed)
         self.note = note
         # The answer can come after the screen was closed (or before it mounted): then
-        # there is nothing to draw; compose() shows the note if it mounts later.
-        if self.is_mounted and self.is_attached:
+        # there is nothing to draw; compose() shows the note if it mounts later. While it
+        # closes, the screen is still attached but its widgets may be gone already (the
+        # watch fuzzer hit that window: NoMatches ended the app).
+        if not (self.is_mounted and self.is_attached):
+            return
+        try:
             self.query_one("#checkpoints-note", Static).update(note)
             self.fill()
+        except NoMatches:
+            return
 
     @property
     def rows(self) -> list[CheckpointRow]:

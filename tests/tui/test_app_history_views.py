@@ -124,3 +124,24 @@ async def test_i_shows_the_run_details_and_c_lists_its_checkpoints(tmp_path: Pat
         assert rows[1][2] == "3.0 KB" and rows[1][3] == "4.2"
         await pilot.press("escape")
         assert not isinstance(app.screen, CheckpointsScreen)
+
+
+async def test_a_status_answer_while_the_checkpoints_screen_closes_is_dropped(
+    tmp_path: Path,
+) -> None:
+    run_dir = make_run_dir(tmp_path, 50)
+    async with attached(run_dir, steps=50) as (app, pilot, _):
+        await pilot.press("c")
+        screen = app.screen
+        assert isinstance(screen, CheckpointsScreen)
+        await wait_until(pilot, lambda: "asking" not in screen.note)
+        # Closing: the screen is still attached while its widgets go (the watch fuzzer's
+        # key storm met a status answer in that window, and NoMatches ended the app).
+        await screen.query_one("#checkpoints-note").remove()
+        screen.show_listing([], "a late answer")
+        assert screen.note == "a late answer"
+        await pilot.press("escape")
+        assert not isinstance(app.screen, CheckpointsScreen)
+        screen.show_listing(None, "later still")
+        await pilot.pause()
+        assert app.is_running
