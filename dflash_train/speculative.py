@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from dflash_train.cached_target import CachedTarget, GraphedStep, StepOutput
+from dflash_train.draft_cache import CachedDrafter
 from dflash_train.drafter import DFlashDrafter
 from dflash_train.targets import ResolvedTarget, Target
 
@@ -140,15 +140,19 @@ def greedy_decode(
     return Generation(tuple(tokens), forwards, seconds=time.perf_counter() - started)
 
 
-def _draft_block(
-    drafter: DFlashDrafter, target: Target, context: torch.Tensor, anchor: torch.Tensor
-) -> torch.Tensor:
-    """Draft tokens for slots 1..bs-1 of the block anchored at position len(context)."""
-    anchors = torch.tensor([[context.shape[1]]], device=context.device)
-    block = drafter.embed_blocks(target.embed_tokens, anchor.view(1, 1))
-    hidden = drafter(block.to(context.dtype), context, anchors)
-    head: nn.Module = target.lm_head
-    return head(hidden[0, 1:].to(head.weight.dtype)).argmax(dim=-1)
+def cached_drafter(decoder: Decoder, drafter: DFlashDrafter) -> CachedDrafter:
+    """The drafter over a cache of its context keys/values sized to `decoder`'s, drafting
+    blocks of drafter.config.block_size (a CUDA graph per round where the device has them)."""
+    target = decoder.runner.target
+    features = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
+    return CachedDrafter(
+        drafter,
+        target.lm_head,
+        target.embed_tokens,
+        decoder.cache.capacity,
+        features,
+        graphs=bool(decoder.graphs),  # as the target's steps: none on CPU or after a fallback
+    )
 
 
 @torch.inference_mode()
@@ -158,23 +162,24 @@ def speculative_decode(
     prompt_ids: Sequence[int],
     max_new_tokens: int,
     stop_ids: Sequence[int],
+    drafts_by: CachedDrafter | None = None,
 ) -> Generation:
     """Each round: the drafter drafts a block from the target features of every accepted
     position, the target verifies the block in one forward, the longest prefix equal to the
-    target's greedy choice is kept plus the target's own next token."""
+    target's greedy choice is kept plus the target's own next token. `drafts_by`: a
+    cached_drafter(decoder, drafter) made once for many prompts (one is made if absent)."""
     started = time.perf_counter()
-    target = decoder.runner.target
+    runner = drafts_by or cached_drafter(decoder, drafter)
     stops = set(stop_ids)
     out = decoder.prefill(prompt_ids)
     forwards = 1
     assert out.context is not None
-    context = out.context
     anchor = out.logits[0, -1].argmax().view(1)
+    start = len(prompt_ids)  # position of the anchor (the last token produced)
+    drafts = runner.begin(out.context[0], anchor)
     tokens = [int(anchor)]
     lengths: list[int] = []
     while len(tokens) < max_new_tokens and tokens[-1] not in stops:
-        start = context.shape[1]  # position of the anchor (the last token produced)
-        drafts = _draft_block(drafter, target, context, anchor)
         block = torch.cat((anchor, drafts))[None]
         out = decoder.step(block, start)
         forwards += 1
@@ -184,13 +189,14 @@ def speculative_decode(
         new = [*drafts[:accepted].tolist(), int(posterior[accepted])]
         tokens.extend(new)
         lengths.append(len(new))
-        # Keep features for the anchor and the accepted drafts; the bonus token becomes
-        # the next round's anchor (its cache column is rewritten by the next verify).
-        assert out.context is not None
-        context = torch.cat((context, out.context[:, : accepted + 1]), dim=1)
-        anchor = posterior[accepted].view(1)
-        if any(token in stops for token in new):
+        if any(token in stops for token in new) or len(tokens) >= max_new_tokens:
             break
+        # The verify's features join the drafter's cache (those past the accepted drafts
+        # stay masked and are overwritten next round); the bonus token is the next anchor.
+        assert out.context is not None
+        anchor = posterior[accepted].view(1)
+        drafts = runner.round(out.context[0], start, anchor, start + accepted + 1)
+        start += accepted + 1
     _sync(decoder.device)
     tokens = _cut(tokens, max_new_tokens, stops)
     return Generation(tuple(tokens), forwards, tuple(lengths), time.perf_counter() - started)
@@ -290,15 +296,17 @@ def evaluate_prompts(
     # One untimed round first: lazy CUDA/kernel initialisation is not decoding time.
     warm = prompt_token_ids[0]
     greedy_decode(decoder, warm, min(4, max_new_tokens), stop_ids)
-    for size in sizes:
-        view = with_block_size(drafter, size)
-        speculative_decode(decoder, view, warm, min(2 * size, max_new_tokens), stop_ids)
+    views = {size: with_block_size(drafter, size) for size in sizes}
+    runners = {size: cached_drafter(decoder, view) for size, view in views.items()}
+    for size, view in views.items():
+        warm_len = min(2 * size, max_new_tokens)
+        speculative_decode(decoder, view, warm, warm_len, stop_ids, runners[size])
     plain = [greedy_decode(decoder, p, max_new_tokens, stop_ids) for p in prompt_token_ids]
     summaries = []
-    for size in sizes:
-        view = with_block_size(drafter, size)
+    for size, view in views.items():
         spec = [
-            speculative_decode(decoder, view, p, max_new_tokens, stop_ids) for p in prompt_token_ids
+            speculative_decode(decoder, view, p, max_new_tokens, stop_ids, runners[size])
+            for p in prompt_token_ids
         ]
         summaries.append(summarize(spec, plain, size))
     return summaries if block_sizes else summaries[0]

@@ -27,7 +27,12 @@ def main() -> int:
     from dflash_train.data.prepare import chat_prompt_ids, stop_token_ids
     from dflash_train.data.prompts import load_prompts
     from dflash_train.export import load_any_drafter
-    from dflash_train.speculative import Decoder, speculative_decode, with_block_size
+    from dflash_train.speculative import (
+        Decoder,
+        cached_drafter,
+        speculative_decode,
+        with_block_size,
+    )
     from dflash_train.targets import load_target
 
     started = time.monotonic()
@@ -55,9 +60,10 @@ def main() -> int:
             capacity = max(map(len, prompts)) + args.max_new_tokens + size + 1
             decoder = Decoder(target, capacity, drafter.config.target_layer_ids, (1, size))
         lengths = []
+        runner = cached_drafter(decoder, drafter)
         for p in prompts:
             lengths += speculative_decode(
-                decoder, drafter, p, args.max_new_tokens, stops
+                decoder, drafter, p, args.max_new_tokens, stops, runner
             ).block_lengths
         step = int(checkpoint.name.split("_")[-1])
         points.append({"step": step, "tau": round(sum(lengths) / max(len(lengths), 1), 4)})

@@ -1,0 +1,56 @@
+"""The decode-time drafter over a cache of its context keys/values computes what the
+training forward computes for the same block: the cache only saves re-projecting the
+context every round, it must not change a single draft."""
+
+from __future__ import annotations
+
+import torch
+from drafter_fixtures import frozen_head, random_context, tiny_drafter
+
+from dflash_train.draft_cache import CachedDrafter, DraftCache
+
+
+def _reference(drafter, embed, context: torch.Tensor, anchor: int, token: int) -> torch.Tensor:
+    """The training forward's final hidden states of one block anchored at `anchor`, given
+    only the context strictly before it."""
+    block = drafter.embed_blocks(embed, torch.tensor([[token]]))
+    return drafter(block, context[:, :anchor], torch.tensor([[anchor]]))[0]
+
+
+@torch.no_grad()
+def test_cached_rounds_equal_the_training_forward_at_every_anchor() -> None:
+    drafter = tiny_drafter(num_layers=2, block_size=4).eval()
+    embed, head = frozen_head()
+    context = random_context(1, 40)
+    size = drafter.config.block_size
+    cache = DraftCache(drafter, head, embed, capacity=40 + size)
+    # The prompt's 9 positions, then rounds as decoding makes them: each round writes a whole
+    # verify's block of features at the last anchor, of which only the accepted part (and
+    # the anchor) stays visible; the rest must be hidden and later overwritten.
+    cache.extend(context[0, :9], 0)
+    anchor, token = 9, 5
+    for accepted in (0, 3, 1, 2, 0, 3):
+        got = cache.block_hidden(torch.tensor([token]), anchor)
+        want = _reference(drafter, embed, context, anchor, token)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        cache.extend(context[0, anchor : anchor + size], anchor)
+        anchor, token = anchor + accepted + 1, (token * 7 + 3) % 40
+    # A stale column past the anchor (rejected drafts' features) changes nothing it sees.
+    cache.extend(torch.randn(size, context.shape[-1]), anchor)
+    got = cache.block_hidden(torch.tensor([token]), anchor)
+    torch.testing.assert_close(got, _reference(drafter, embed, context, anchor, token))
+
+
+@torch.no_grad()
+def test_cached_drafter_drafts_the_argmax_of_the_training_forward() -> None:
+    drafter = tiny_drafter(num_layers=1, block_size=4).eval()
+    embed, head = frozen_head()
+    context = random_context(1, 24)
+    runner = CachedDrafter(drafter, head, embed, capacity=30, feature_size=context.shape[-1])
+    assert runner.graph is None  # no CUDA graph off the GPU
+    drafts = runner.begin(context[0, :11], torch.tensor([7]))
+    want = head(_reference(drafter, embed, context, 11, 7)[1:]).argmax(dim=-1)
+    assert drafts.tolist() == want.tolist() and drafts.shape == (3,)
+    drafts = runner.round(context[0, 11:15], 11, torch.tensor([2]), 13)
+    want = head(_reference(drafter, embed, context, 13, 2)[1:]).argmax(dim=-1)
+    assert drafts.tolist() == want.tolist()
