@@ -20,7 +20,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="append",
         help="'builtin' (train split), a .txt file (a prompt a line), a .jsonl file of "
         "prompts or chat data (OpenAI messages, ShareGPT or role/content conversations), or "
-        "synth:N (the target writes N prompts); end with *K to answer each K times; repeat "
+        "synth:N (the target writes N prompts; synth:N@builtin or synth:N@FILE opens each with "
+        "the first words of one of those prompts); end with *K to answer each K times; repeat "
         "the flag to mix sources",
     )
     parser.add_argument(

@@ -3,7 +3,7 @@ chat-template tokens with a loss mask on the assistant turns, written atomically
 dataset (columns input_ids, loss_mask, and prompt_index into the loaded prompt list).
 
 Prompts come from the built-in set, a text or JSON Lines file of chat data (see
-conversations.py), or `synth:N` (the target writes them, see synth.py); a spec ending in `*K`
+conversations.py), or `synth:N[@SPEC]` (the target writes them, see synth.py); a spec ending in `*K`
 is answered K times (passes after the first sample). Multi-turn: every assistant turn is
 regenerated given the conversation so far, or (`responses="keep"`) the data's own turns are
 tokenised as they are."""
@@ -339,20 +339,28 @@ def run_jobs(
 
 def _load_sources(
     specs: Sequence[str],
-) -> tuple[list[tuple[str, int, int | None]], list[Conversation | None]]:
+) -> tuple[list[tuple[str, int, int | None]], list[Conversation | None], list[list[str]]]:
     """Parse every spec and load the file/builtin ones now, so a bad file fails before the
-    target loads. Returns (spec, repeats, synth count) per source and the loaded lists."""
+    target loads. Returns (spec, repeats, synth count) per source, the loaded lists, and
+    the openers of each synth source (empty for the others and for plain synth:N)."""
     from dflash_train.data.conversations import load_conversations
-    from dflash_train.data.synth import parse_spec
+    from dflash_train.data.synth import openers_of, parse_spec, split_openers
 
     parsed = []
     loaded: list[Any] = []
+    openers: list[list[str]] = []
     for raw in specs:
         spec, repeats = split_repeats(raw)
-        count = parse_spec(spec)
+        base, opener_spec = split_openers(spec)
+        count = parse_spec(base)
         parsed.append((spec, repeats, count))
         loaded.append(None if count is not None else load_conversations(spec, "train"))
-    return parsed, loaded
+        firsts = []
+        if opener_spec is not None:
+            for conversation in load_conversations(opener_spec, "train"):
+                firsts += [m.content for m in conversation if m.role == "user"][:1]
+        openers.append(openers_of(firsts))
+    return parsed, loaded, openers
 
 
 def prepare_dataset(config: PrepareConfig, *, target: Target | None = None) -> dict[str, Any]:
@@ -372,7 +380,7 @@ def prepare_dataset(config: PrepareConfig, *, target: Target | None = None) -> d
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise PrepareError(f"device: {config.device} requested but CUDA is not available")
     try:
-        parsed, loaded = _load_sources(config.prompt_specs)
+        parsed, loaded, openers = _load_sources(config.prompt_specs)
     except SynthError as exc:
         raise PrepareError(str(exc)) from None
     started = time.monotonic()
@@ -384,7 +392,7 @@ def prepare_dataset(config: PrepareConfig, *, target: Target | None = None) -> d
     extra_files: dict[str, str] = {}
     conversations: list[Conversation] = []
     sources: list[Source] = []
-    for (spec, repeats, count), items in zip(parsed, loaded, strict=True):
+    for (spec, repeats, count), items, opening in zip(parsed, loaded, openers, strict=True):
         if items is None:
             assert count is not None
             if runner is None:
@@ -398,12 +406,14 @@ def prepare_dataset(config: PrepareConfig, *, target: Target | None = None) -> d
                     stop_ids=stop_token_ids(target),
                     batch_size=config.batch_size,
                     on_tokens=progress.add_tokens,
+                    openers=opening,
                 )
             except SynthError as exc:
                 raise PrepareError(str(exc)) from None
             finally:
                 progress.close()
-            extra_files[SYNTH_PROMPTS] = "".join(json.dumps({"prompt": p}) + "\n" for p in prompts)
+            written = "".join(json.dumps({"prompt": p}) + "\n" for p in prompts)
+            extra_files[SYNTH_PROMPTS] = extra_files.get(SYNTH_PROMPTS, "") + written
             items = [user_turn(p) for p in prompts]
         sources.append(Source(spec, len(conversations), len(items), repeats))
         conversations.extend(items)

@@ -1,10 +1,17 @@
 """Prompt synthesis for users without data (`--prompts synth:N`): the target itself writes
 user turns. Its chat template is rendered up to where the user's text begins, the target
 samples from there until its end-of-turn token, and distinct prompts are kept until N are
-found. Seeded: the same seed, target and device give the same prompts."""
+found. Seeded: the same seed, target and device give the same prompts.
+
+`synth:N@SPEC` opens each user turn with the first one to three words of a prompt from SPEC
+(`builtin`'s train split, or a prompt file) and lets the target go on from there: left to
+itself a small target writes mostly chatty requests, and the openers ("Write a Python",
+"A train leaves", "Explain") steer it to the kinds of task a few real prompts show, with
+as many distinct prompts as N asks."""
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,6 +34,31 @@ class SynthError(ValueError):
     """A one-line reason synthesis cannot run or did not find enough prompts."""
 
 
+OPENER_WORDS = (1, 2, 3)
+
+
+def split_openers(spec: str) -> tuple[str, str | None]:
+    """`synth:N@SPEC` -> ("synth:N", "SPEC"); any other spec -> (spec, None)."""
+    if not spec.startswith(PREFIX) or "@" not in spec:
+        return spec, None
+    base, _, source = spec.partition("@")
+    if not source:
+        raise SynthError(f"prompts {spec}: expected synth:N@SPEC with SPEC a prompt source")
+    return base, source
+
+
+def openers_of(prompts: Sequence[str]) -> list[str]:
+    """The distinct word sequences a synthesized prompt may open with: the first 1-3 words of
+    each prompt."""
+    found: dict[str, None] = {}
+    for prompt in prompts:
+        words = prompt.split()
+        for count in OPENER_WORDS:
+            if len(words) > count:
+                found[" ".join(words[:count])] = None
+    return list(found)
+
+
 def parse_spec(spec: str) -> int | None:
     """N of `synth:N`, or None when `spec` is not a synth spec."""
     if not spec.startswith(PREFIX):
@@ -40,6 +72,10 @@ def parse_spec(spec: str) -> int | None:
 def user_turn_prefix(tokenizer: Any) -> list[int]:
     """The template's tokens up to where a user's text starts (system turn included where
     the template adds a default one)."""
+    return encode(tokenizer, _user_turn_prefix_text(tokenizer))
+
+
+def _user_turn_prefix_text(tokenizer: Any) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise SynthError("target: its tokenizer has no chat template")
     text = tokenizer.apply_chat_template(
@@ -47,7 +83,7 @@ def user_turn_prefix(tokenizer: Any) -> list[int]:
     )
     if _MARK not in text:
         raise SynthError("target: its chat template does not write the user's text verbatim")
-    return encode(tokenizer, text[: text.index(_MARK)])
+    return text[: text.index(_MARK)]
 
 
 def _key(prompt: str) -> str:
@@ -62,11 +98,16 @@ def synthesize_prompts(
     stop_ids: Sequence[int],
     batch_size: int,
     on_tokens: Callable[[int], None] | None = None,
+    openers: Sequence[str] = (),
 ) -> list[str]:
     """`count` distinct prompts (whitespace- and case-insensitively), each a finished user
-    turn of at least MIN_PROMPT_CHARS characters, in the order they were found."""
+    turn of at least MIN_PROMPT_CHARS characters, in the order they were found. With
+    `openers`, each row starts with one of them (drawn with the seed) and the prompt is the
+    opener followed by what the target wrote."""
     tokenizer = runner.target.tokenizer
-    prefix = user_turn_prefix(tokenizer)
+    head = _user_turn_prefix_text(tokenizer)
+    # Opener and template prefix are tokenised together, as the template would render them.
+    starts = {o: encode(tokenizer, head + o) for o in openers} or {"": encode(tokenizer, head)}
     stops = set(int(s) for s in stop_ids)
     found: dict[str, str] = {}
     for round_index in range(MAX_ROUNDS):
@@ -75,22 +116,26 @@ def synthesize_prompts(
             break
         # Ask for more than missing: some come back duplicated, unfinished or too short.
         asked = max(8, int(missing * 1.3) + 8)
+        round_seed = seed * 1_000_003 + 7_919 * round_index + 1
         generator = torch.Generator(device=runner.device)
-        generator.manual_seed(seed * 1_000_003 + 7_919 * round_index + 1)
+        generator.manual_seed(round_seed)
+        picks = random.Random(round_seed).choices(sorted(starts), k=asked)
         for start in range(0, asked, batch_size):
-            rows = min(batch_size, asked - start)
-            for tokens in generate_rows(
+            chosen = picks[start : start + batch_size]
+            made = generate_rows(
                 runner,
-                [prefix] * rows,
+                [starts[o] for o in chosen],
                 max_new_tokens=MAX_PROMPT_TOKENS,
                 stop_ids=stop_ids,
                 temperature=TEMPERATURE,
                 generator=generator,
                 on_tokens=on_tokens,
-            ):
+            )
+            for opener, tokens in zip(chosen, made, strict=True):
                 if not tokens or tokens[-1] not in stops:
                     continue  # cut at the length limit: not a whole prompt
-                prompt = tokenizer.decode(tokens[:-1], skip_special_tokens=True).strip()
+                text = tokenizer.decode(tokens[:-1], skip_special_tokens=True)
+                prompt = (opener + text).strip()
                 key = _key(prompt)
                 if len(prompt) >= MIN_PROMPT_CHARS and key not in found:
                     found[key] = prompt

@@ -22,7 +22,13 @@ from dflash_train.data.prepare import (
     stop_token_ids,
 )
 from dflash_train.data.prompts import PromptError
-from dflash_train.data.synth import SynthError, parse_spec, synthesize_prompts
+from dflash_train.data.synth import (
+    SynthError,
+    openers_of,
+    parse_spec,
+    split_openers,
+    synthesize_prompts,
+)
 from dflash_train.speculative import greedy_generate
 from dflash_train.targets import Target
 
@@ -99,6 +105,26 @@ def test_spec_suffixes_are_checked() -> None:
     assert parse_spec("synth:12") == 12 and parse_spec("builtin") is None
     with pytest.raises(SynthError, match="synth:N with N a positive integer"):
         parse_spec("synth:lots")
+    assert split_openers("synth:5@builtin") == ("synth:5", "builtin")
+    assert split_openers("synth:5") == ("synth:5", None)
+    assert split_openers("data/a@b.txt") == ("data/a@b.txt", None)
+    with pytest.raises(SynthError, match=r"synth:N@SPEC with SPEC a prompt source"):
+        split_openers("synth:5@")
+    # An opener leaves at least one word of its prompt for the target to write.
+    assert openers_of(["Write a Python function.", "Hi", "Write a poem."]) == [
+        "Write",
+        "Write a",
+        "Write a Python",
+    ]
+
+
+def test_synth_openers_from_a_missing_file_fail_before_the_target_loads(tmp_path: Path) -> None:
+    config = PrepareConfig(
+        target="smollm2", prompts=f"synth:4@{tmp_path / 'none.txt'}", out=tmp_path / "d"
+    )
+    with pytest.raises(PromptError, match=r"none\.txt") as caught:
+        prepare_dataset(config)
+    assert "\n" not in str(caught.value)
 
 
 def _prepare(target: Target, tmp_path: Path, prompts: str, **kwargs: object) -> Path:
@@ -180,6 +206,21 @@ def test_synthesized_prompts_are_distinct_and_seeded(smollm2: Target) -> None:
     assert all(len(p) >= 12 and "<|im" not in p for p in first)
     assert synth(0) == first
     assert synth(1) != first
+
+
+def test_synth_with_openers_writes_prompts_that_open_with_them(
+    smollm2: Target, tmp_path: Path
+) -> None:
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text("Write a Python function that sorts a list.\nExplain why the sky is blue.\n")
+    out = _prepare(smollm2, tmp_path, f"synth:4@{seeds}", max_new_tokens=4, batch_size=16)
+    written = [json.loads(line)["prompt"] for line in (out / "synth_prompts.jsonl").open()]
+    allowed = openers_of(seeds.read_text().splitlines())
+    assert len(written) == 4 and len({p.lower() for p in written}) == 4
+    # Each is an opener and what the target went on to write (no opener alone).
+    assert all(any(p.startswith(o) and len(p) > len(o) for o in allowed) for p in written)
+    assert {p.split()[0] for p in written} <= {"Write", "Explain"}
+    assert len(load_dataset_dir(out)) == 4
 
 
 def test_cached_target_matches_the_hf_forward(smollm2: Target, tiny_target: Target) -> None:
