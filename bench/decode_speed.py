@@ -1,0 +1,151 @@
+"""Where decoding time goes on the GPU, for the two decoders a quality run leans on:
+
+- `prepare`'s batched generation (generate_rows): a whole batch's seconds, and the parts of
+  one decode step timed alone (the captured target step, picking tokens, the bookkeeping);
+- speculative decoding's round: the target's verify step, the drafter's round (one CUDA
+  graph over its context cache) and a plain greedy step, each timed alone.
+
+Weights do not change the timings, so a target built from a config (random weights) does:
+    python3 bench/decode_speed.py --target-model /tmp/rand-smollm2 --device cuda:0
+Prints one JSON object."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, repeats: int, device: torch.device) -> float:
+    """Milliseconds per call of fn, after one warm call."""
+    fn()
+    _sync(device)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    _sync(device)
+    return round(1000 * (time.perf_counter() - started) / repeats, 3)
+
+
+def generation(target, prompts: list[list[int]], batch: int, new_tokens: int) -> dict:
+    from dflash_train.cached_target import CachedTarget, GraphedStep
+    from dflash_train.data.generation import generate_rows, pick_tokens
+
+    runner = CachedTarget(target)
+    device = runner.device
+    rows = [prompts[i % len(prompts)] for i in range(batch)]
+    started = time.perf_counter()
+    out = generate_rows(runner, rows, max_new_tokens=new_tokens, stop_ids=[2])
+    _sync(device)
+    seconds = time.perf_counter() - started
+    made = sum(map(len, out))
+    width = max(map(len, rows))
+    cache = runner.new_cache(batch, width + new_tokens, [width - len(r) for r in rows])
+    if device.type != "cuda":  # a CPU dry run of the plumbing: no graph to time
+        return {"batch": batch, "tokens": made, "seconds": round(seconds, 2)}
+    graph = GraphedStep(runner, cache, 1, ())
+    ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    step_ms = _timed(lambda: graph(ids, width + new_tokens // 2), 20, device)
+    logits = graph(ids, width).logits[:, -1]
+    temps = torch.zeros(batch, device=device)
+    pick_ms = _timed(lambda: pick_tokens(logits, temps, None), 20, device)
+    return {
+        "batch": batch,
+        "new_tokens": new_tokens,
+        "prompt_width": width,
+        "seconds": round(seconds, 2),
+        "tokens": made,
+        "tokens_per_s": round(made / seconds),
+        "step_ms_graph": step_ms,
+        "pick_tokens_ms": pick_ms,
+        "row_steps_per_s_graph_only": round(batch / step_ms * 1000),
+    }
+
+
+def profile_generation(target, prompts: list[list[int]], batch: int, new_tokens: int) -> str:
+    """torch.profiler's table of one generate_rows call, by GPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from dflash_train.cached_target import CachedTarget
+    from dflash_train.data.generation import generate_rows
+
+    runner = CachedTarget(target)
+    rows = [prompts[i % len(prompts)] for i in range(batch)]
+    generate_rows(runner, rows, max_new_tokens=8, stop_ids=[2])
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        generate_rows(runner, rows, max_new_tokens=new_tokens, stop_ids=[2])
+        _sync(runner.device)
+    table = prof.key_averages().table
+    return table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60)
+
+
+def speculative_round(target, block: int, context: int) -> dict:
+    from dflash_train.drafter import DFlashDrafter, drafter_config_for_target
+    from dflash_train.speculative import Decoder, cached_drafter
+
+    torch.manual_seed(0)
+    config = drafter_config_for_target(target, num_layers=2, block_size=block)
+    drafter = DFlashDrafter(config).to(target.device, torch.float32).eval()
+    decoder = Decoder(target, context + 64, config.target_layer_ids, widths=(1, block))
+    runner = cached_drafter(decoder, drafter)
+    device = decoder.device
+    with torch.inference_mode():
+        prompt = torch.randint(0, 1000, (context,)).tolist()
+        out = decoder.prefill(prompt)
+        anchor = torch.tensor([5], device=device)
+        runner.begin(out.context[0], anchor)
+        ids = torch.randint(0, 1000, (1, block), device=device)
+        one = ids[:, :1]
+        verify_ms = _timed(lambda: decoder.step(ids, context), 50, device)
+        greedy_ms = _timed(lambda: decoder.step(one, context), 50, device)
+        features = decoder.step(ids, context).context[0]
+        draft_ms = _timed(lambda: runner.round(features, context, anchor, context + 3), 50, device)
+    return {
+        "block": block,
+        "context": context,
+        "drafter_graphed": runner.graph is not None,
+        "target_graphed": bool(decoder.graphs),
+        "verify_ms": verify_ms,
+        "draft_round_ms": draft_ms,
+        "greedy_step_ms": greedy_ms,
+        "round_over_greedy": round((verify_ms + draft_ms) / greedy_ms, 3),
+    }
+
+
+def main() -> None:
+    from dflash_train.data.prepare import chat_prompt_ids
+    from dflash_train.data.prompts import load_prompts
+    from dflash_train.targets import load_target
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target-model", required=True)
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--batch", type=int, action="append")
+    parser.add_argument("--new-tokens", type=int, default=384)
+    parser.add_argument("--profile", type=int, default=0, help="profile one batch of this size")
+    parser.add_argument("--context", type=int, default=300, help="speculative: context length")
+    args = parser.parse_args()
+    target = load_target(args.target_model, args.device, torch.bfloat16)
+    prompts = [chat_prompt_ids(target.tokenizer, p) for p in load_prompts("builtin")]
+    if args.profile:
+        print(profile_generation(target, prompts, args.profile, 64), flush=True)
+    result = {"generation": [], "speculative": []}
+    for batch in args.batch or [1024, 2048]:
+        result["generation"].append(generation(target, prompts, batch, args.new_tokens))
+        print(json.dumps(result["generation"][-1]), flush=True)
+    fp32 = load_target(args.target_model, args.device, torch.float32)
+    for block in (16, 8):
+        result["speculative"].append(speculative_round(fp32, block, args.context))
+        print(json.dumps(result["speculative"][-1]), flush=True)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
