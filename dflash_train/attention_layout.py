@@ -5,10 +5,14 @@ Two implementations of that one rule:
 - "flex" (default on CUDA): torch's flex_attention with a block-sparse BlockMask built
   directly from the anchors (no dense mask, no compiled create_block_mask). Only the
   128x128 tiles that hold an allowed pair are visited, about 1/8 of the dense pairs at
-  512 anchors x block 16 over 2048 tokens. The kernel is compiled once per padded shape
-  (context and queries padded to multiples of PAD_TO, so a run sees few shapes), and the
-  trainer compiles the first shape on the main thread before any worker thread starts
-  (`warm_up`): a compile inside a worker holding the GIL once hung a launch.
+  512 anchors x block 16 over 2048 tokens. Context and queries are padded to multiples of
+  PAD_TO, and the kernel is compiled with dynamo's automatic dynamic shapes: the first
+  shape gets a static graph, the first shape that differs from it a graph whose rows and
+  lengths are symbolic (rows >= 2; dynamo always specialises a size of 1, so single-row
+  batches get one graph of their own). The trainer runs the few shapes that make those
+  graphs on the main thread before any worker thread starts (compile_warm_up.py): a
+  compile inside a worker holding the GIL once hung a launch, and one compile per new
+  (rows, length) pair cost 1.3-2.7 s each mid-run on an H200.
 - "sdpa" (the reference, and the CPU path): SDPA with a dense boolean [B,1,Q,S+Q] mask.
 
 The trainer's `attention` option (or DFLASH_ATTENTION, read by the config loader) picks
@@ -33,9 +37,14 @@ TILE = 128  # flex_attention's sparse block size
 # Context and query lengths are padded to multiples of this on the flex path: fewer shapes
 # to compile, and block-diagonal tiles that line up with the 128-tiles.
 PAD_TO = 256
-# Static shapes mean one compiled graph per padded shape; dynamo's default limit (8) would
-# silently drop to eager flex (a dense math path) after the eighth bucket shape.
+# Dynamo's default limit (8) would silently drop to eager flex (a dense math path) after
+# the eighth graph; with dynamic shapes a run needs about three, but a shape dynamo still
+# specialises on must not cost that.
 RECOMPILE_LIMIT = 256
+# Padded lengths are multiples of PAD_TO (and of every Triton tile size flex uses), which
+# inductor can only prove for static lengths: said here, the kernels of the dynamic graph
+# skip the bounds checks, as the static ones do.
+KERNEL_OPTIONS = {"IS_DIVISIBLE": True}
 
 
 @dataclass(frozen=True)
@@ -56,13 +65,16 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 class _FlexState:
-    """The compiled kernel, the shapes it has been compiled for, and whether flex works."""
+    """The compiled kernel (per compiler backend) and whether flex works."""
 
     lock = threading.Lock()
-    compiled: Any = None
+    compiled: dict[str, Any] = {}  # noqa: RUF012  (process-wide by design)
     broken: bool = False
-    seen: set[tuple[Any, ...]] = set()  # noqa: RUF012  (process-wide by design)
-    # Called with (seconds, shape key) after the first call of a new shape (a compile).
+    # CPU tensors take eager flex (the slow reference) unless this names a torch.compile
+    # backend: the tests run the compiled path's graph capture on the CPU with "aot_eager"
+    # (inductor's CPU flex kernel has no backward).
+    cpu_backend: str | None = None
+    # Called with (seconds, shape key) after a call that compiled a graph.
     on_compile: Callable[[float, tuple[Any, ...]], None] | None = None
 
 
@@ -213,9 +225,9 @@ def _pad_keys(t: torch.Tensor, layout: AttentionLayout) -> torch.Tensor:
     return torch.cat(parts, dim=2)
 
 
-def _compiled_flex() -> Any:
+def _compiled_flex(backend: str) -> Any:
     with _FlexState.lock:
-        if _FlexState.compiled is None:
+        if backend not in _FlexState.compiled:
             import torch._dynamo
             from torch.nn.attention.flex_attention import flex_attention
 
@@ -228,32 +240,41 @@ def _compiled_flex() -> Any:
                 < 4 * RECOMPILE_LIMIT
             ):
                 dynamo.accumulated_cache_size_limit = 4 * RECOMPILE_LIMIT
-            _FlexState.compiled = torch.compile(flex_attention, dynamic=False, fullgraph=True)
-        return _FlexState.compiled
+            # dynamic=None: automatic dynamic shapes (see the module docstring). Marking the
+            # dims dynamic up front cannot work: the BlockMask's lengths are Python ints,
+            # which dynamo makes symbolic only once it has seen them change.
+            _FlexState.compiled[backend] = torch.compile(
+                flex_attention, backend=backend, dynamic=None, fullgraph=True
+            )
+        return _FlexState.compiled[backend]
 
 
 def _flex(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout, scale: float
 ) -> torch.Tensor:
+    from torch._dynamo.utils import counters
     from torch.nn.attention.flex_attention import flex_attention
 
     qp = layout.padded_queries
     if qp > q.shape[2]:
         q = F.pad(q, (0, 0, 0, qp - q.shape[2]))
     k, v = _pad_keys(k, layout), _pad_keys(v, layout)
-    if not q.is_cuda:  # eager flex: a slow reference (tests)
+    backend = "inductor" if q.is_cuda else _FlexState.cpu_backend
+    if backend is None:  # eager flex: a slow reference (tests)
         out = flex_attention(q, k, v, block_mask=layout.block_mask, scale=scale, enable_gqa=True)
         return out[:, :, : layout.queries]
-    kernel = _compiled_flex()
-    key = (tuple(q.shape), tuple(k.shape), q.dtype, str(q.device), q.requires_grad)
-    new = key not in _FlexState.seen
+    kernel = _compiled_flex(backend)
+    # Dynamo counts the graphs it makes; module runs are serialised (compile_guard.GUARD),
+    # so a graph made during this call is this call's.
+    graphs = counters["stats"]["unique_graphs"]
     start = time.perf_counter()
-    out = kernel(q, k, v, block_mask=layout.block_mask, scale=scale, enable_gqa=True)
-    if new:
-        _FlexState.seen.add(key)
-        hook = _FlexState.on_compile
-        if hook is not None:
-            hook(time.perf_counter() - start, key)
+    out = kernel(
+        q, k, v, block_mask=layout.block_mask, scale=scale, enable_gqa=True,
+        kernel_options=KERNEL_OPTIONS,
+    )  # fmt: skip
+    hook = _FlexState.on_compile
+    if hook is not None and counters["stats"]["unique_graphs"] > graphs:
+        hook(time.perf_counter() - start, (tuple(q.shape), tuple(k.shape), q.dtype))
     return out[:, :, : layout.queries]
 
 

@@ -1,5 +1,6 @@
 """Compile and warm up on the main thread before any worker thread starts: the target's
-decoder layers (torch.compile) and the drafter's flex attention for the first batch shapes.
+decoder layers (torch.compile) and the drafter's flex attention for the few batch shapes
+that, by dynamo's automatic-dynamic rules, leave a graph for every shape of the epoch plan.
 A compile inside a worker thread holds the GIL for seconds and once hung a launch; a
 compile that fails here falls back to eager and says so instead of ending the run."""
 
@@ -9,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dflash_train.attention_layout import PAD_TO, _FlexState, resolve_backend
+from dflash_train.attention_layout import PAD_TO, _FlexState, _round_up, resolve_backend
 from dflash_train.pipeline.target_workers import (
     compile_target_layers,
     target_compile_wanted,
@@ -58,21 +59,81 @@ def kernels_in_use(
 
 
 def drafter_shapes(
-    lengths: Sequence[int], batches: Sequence[Sequence[int]], max_length: int, count: int = 2
+    lengths: Sequence[int],
+    batches: Sequence[Sequence[int]],
+    max_length: int,
+    count: int = 2,
+    pad_to: int = PAD_TO,
 ) -> list[tuple[int, int]]:
-    """(rows, padded length) of the first distinct batch shapes in an epoch plan, at most
-    `count` (each costs a compile of a few seconds on the main thread)."""
-    shapes: list[tuple[int, int]] = []
+    """(rows, length) of the first distinct batch shapes in an epoch plan, at most `count`,
+    the length (the longest sample, at most max_length) rounded up to `pad_to`."""
+    shapes: dict[tuple[int, int], None] = {}  # ordered, and a fast membership test
     for batch in batches[: 4 * count]:
         if not batch:
             continue
         longest = min(max(int(lengths[i]) for i in batch), max_length)
-        shape = (len(batch), min(max_length, -(-longest // PAD_TO) * PAD_TO))
-        if shape not in shapes:
-            shapes.append(shape)
+        shapes.setdefault((len(batch), min(max_length, _round_up(longest, pad_to))))
         if len(shapes) >= count:
             break
-    return shapes
+    return list(shapes)
+
+
+_SYMBOLIC = "symbolic"  # a graph dim dynamo left symbolic (it then takes any size >= 2)
+
+
+def _covers(graph: tuple[Any, ...], key: tuple[int, ...]) -> bool:
+    return all(g == v or (g == _SYMBOLIC and v >= 2) for g, v in zip(graph, key, strict=True))
+
+
+def warm_up_shapes(
+    lengths: Sequence[int],
+    batches: Sequence[Sequence[int]],
+    max_length: int,
+    num_anchors: int,
+    block_size: int,
+    count: int = 4,
+) -> list[tuple[int, int]]:
+    """The (rows, length) batch shapes to run on the main thread, at most `count`, so that
+    the compiled flex attention then has a graph for every batch shape of the plan.
+
+    It follows dynamo's automatic dynamic shapes over the attention's sizes (rows, padded
+    queries, padded keys): the first compile is static; a later one makes every size that
+    differs from the first compile's symbolic, except a size of 1, which dynamo always
+    specialises. So the picks are usually the plan's first shape, a shape that differs from
+    it in every size that varies in the plan (one graph for all rows >= 2), and a one-row
+    shape if the plan has one. Greedy: each pick is the shape whose graph covers most of
+    the plan's shapes not yet covered (ties: plan order)."""
+
+    def sizes(shape: tuple[int, int]) -> tuple[int, int, int]:
+        rows, length = shape
+        queries = _round_up(min(num_anchors, length) * block_size, PAD_TO)
+        return rows, queries, _round_up(length, PAD_TO) + queries
+
+    # Exact lengths: below num_anchors the query count follows the length, not its bucket.
+    by_sizes: dict[tuple[int, int, int], tuple[int, int]] = {}  # the first shape of each
+    for shape in drafter_shapes(lengths, batches, max_length, count=len(batches), pad_to=1):
+        by_sizes.setdefault(sizes(shape), shape)
+    keys = {shape: key for key, shape in by_sizes.items()}
+    first: tuple[int, ...] | None = None  # the sizes dynamo recorded at the first compile
+    dynamic = (False, False, False)  # which sizes it has seen change since
+    picks: list[tuple[int, int]] = []
+    left = list(keys)
+    while left and len(picks) < count:
+        best: tuple[int, tuple[Any, ...], tuple[bool, ...], tuple[int, int]] | None = None
+        for shape in left[:32]:  # enough candidates; coverage is counted over all
+            key = keys[shape]
+            seen = first or key
+            marks = tuple(d or v != f for d, v, f in zip(dynamic, key, seen, strict=True))
+            graph = tuple(_SYMBOLIC if m and v >= 2 else v for m, v in zip(marks, key, strict=True))
+            covered = sum(_covers(graph, keys[other]) for other in left)
+            if best is None or covered > best[0]:
+                best = (covered, graph, marks, shape)
+        assert best is not None
+        _, graph, dynamic, shape = best
+        picks.append(shape)
+        first = first or keys[shape]
+        left = [other for other in left if not _covers(graph, keys[other])]
+    return picks
 
 
 def _fall_back_to_sdpa(stepper: DrafterStepper) -> None:
@@ -117,10 +178,13 @@ def compile_before_workers(
     device = stepper.device
     if device.type == "cuda" and resolve_backend(attention_backend, device) == "flex" and shapes:
         import torch
+        from torch._dynamo.utils import counters
 
         dtype = targets[0].embed_tokens.weight.dtype if targets else torch.bfloat16
+        graphs = counters["stats"]["unique_graphs"]
         try:
             report["drafter_s"] = round(stepper.warm_up(list(shapes), dtype), 2)
+            report["drafter_graphs"] = counters["stats"]["unique_graphs"] - graphs
         except torch.cuda.OutOfMemoryError:
             raise  # the real steps would not fit either: say so now, as the run would
         except Exception as exc:  # e.g. no Triton config for this head size
@@ -134,13 +198,12 @@ def compile_before_workers(
             shapes = []
 
         def on_new_shape(spent: float, key: tuple[Any, ...]) -> None:
-            if spent >= 0.5:  # a cache hit is no compile
-                emit(
-                    "event", level="info", code="compiled",
-                    message=f"drafter attention compiled for a new shape {list(key[0])} in "
-                    f"{spent:.1f} s",
-                    seconds=round(spent, 2), part="drafter_attention", shape=list(key[0]),
-                )  # fmt: skip
+            emit(
+                "event", level="info", code="compiled",
+                message=f"drafter attention compiled mid-run for a shape the warm-up did not "
+                f"cover, {list(key[0])}, in {spent:.1f} s",
+                seconds=round(spent, 2), part="drafter_attention", shape=list(key[0]),
+            )  # fmt: skip
 
         if shapes:
             _FlexState.on_compile = on_new_shape
@@ -149,11 +212,16 @@ def compile_before_workers(
         if report["target_s"] is not None:
             parts.append(f"target layers {report['target_s']:.1f} s")
         if report["drafter_s"] is not None:
-            parts.append(f"drafter attention {report['drafter_s']:.1f} s for shapes {list(shapes)}")
+            parts.append(
+                f"drafter attention {report['drafter_s']:.1f} s for shapes {list(shapes)} "
+                f"({report.get('drafter_graphs', 0)} dynamo graphs)"
+            )
         emit(
             "event", level="info", code="compiled",
             message="compiled on the main thread before the workers: " + ", ".join(parts),
             seconds=round((report["target_s"] or 0) + (report["drafter_s"] or 0), 2),
             target_s=report["target_s"], drafter_s=report["drafter_s"],
+            drafter_shapes=[list(shape) for shape in shapes],
+            drafter_graphs=report.get("drafter_graphs"),
         )  # fmt: skip
     return report

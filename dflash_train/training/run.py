@@ -16,8 +16,8 @@ from dflash_train.config import TrainConfig
 from dflash_train.pipeline.async_checkpoint import AsyncCheckpointer
 from dflash_train.pipeline.compile_warm_up import (
     compile_before_workers,
-    drafter_shapes,
     kernels_in_use,
+    warm_up_shapes,
 )
 from dflash_train.pipeline.control_watch import ControlWatcher, read_control_rev
 from dflash_train.pipeline.distributed import RankGroup, RankInfo, shard_devices, shard_positions
@@ -351,8 +351,11 @@ class TrainingRun:
             if self.writer is not None:
                 self.writer.write(kind, **fields)
 
-        max_length = self.config.model.max_length
-        shapes = drafter_shapes(self.dataset.lengths, self.plan(self.epoch), max_length)
+        model = self.config.model
+        shapes = warm_up_shapes(
+            self.dataset.lengths, self.plan(self.epoch), model.max_length, model.num_anchors,
+            model.block_size,
+        )  # fmt: skip
         self.compile_report = compile_before_workers(
             targets=self.targets,
             layer_ids=self.layer_ids,

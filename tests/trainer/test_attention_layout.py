@@ -10,8 +10,17 @@ import torch.nn.functional as F
 from drafter_fixtures import VOCAB, frozen_head, random_context, tiny_drafter
 
 from dflash_train import dflash_loss
-from dflash_train.attention_layout import TILE, dense_mask, flex_layout, resolve_backend
+from dflash_train.attention_layout import (
+    TILE,
+    _FlexState,
+    dense_mask,
+    flex_layout,
+    resolve_backend,
+)
 from dflash_train.dflash_loss import dflash_forward_loss, linear_cross_entropy, sample_anchors
+from dflash_train.pipeline.compile_warm_up import warm_up_shapes
+from dflash_train.pipeline.drafter_step import DrafterStepper, StepConfig
+from dflash_train.pipeline.stage_timers import StageTimers
 
 
 def _tiles(num: torch.Tensor, idx: torch.Tensor, kv_tiles: int) -> torch.Tensor:
@@ -69,12 +78,45 @@ def _loss_and_grads(drafter: torch.nn.Module, batch: dict[str, torch.Tensor]) ->
     return out, grads
 
 
-def test_flex_drafter_gives_the_dense_loss_and_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The whole flex path (padding, block mask, mask_mod) through flex_attention's own
-    math backward; torch refuses a CPU backward only at its front door, so open it."""
+def _open_cpu_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch refuses a CPU flex backward only at its front door: open it."""
     import torch.nn.attention.flex_attention as flex_module
 
     monkeypatch.setattr(flex_module, "_validate_device", lambda *_a: None)
+
+
+def _batch(rows: int, length: int, anchors: int, seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, VOCAB, (rows, length), generator=gen)
+    loss_mask = torch.ones_like(input_ids)
+    loss_mask[0, : length // 4] = 0
+    loss_mask[-1, length - length // 4 :] = 0
+    anchor_ids, valid = sample_anchors(loss_mask, anchors, 4, gen)
+    return {
+        "context": random_context(rows, length, seed=seed),
+        "input_ids": input_ids,
+        "loss_mask": loss_mask,
+        "anchors": anchor_ids,
+        "valid": valid,
+    }
+
+
+def _assert_flex_equals_dense(drafter: torch.nn.Module, batch: dict[str, torch.Tensor]) -> None:
+    drafter.attention_backend = "sdpa"
+    dense, dense_grads = _loss_and_grads(drafter, batch)
+    drafter.attention_backend = "flex"
+    flex, flex_grads = _loss_and_grads(drafter, batch)
+    torch.testing.assert_close(flex.loss, dense.loss, rtol=1e-6, atol=1e-6)
+    assert torch.equal(flex.slot_correct, dense.slot_correct)
+    assert dense_grads.keys() == flex_grads.keys() and len(dense_grads) > 5
+    for name, grad in dense_grads.items():
+        torch.testing.assert_close(flex_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_flex_drafter_gives_the_dense_loss_and_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole flex path (padding, block mask, mask_mod) through flex_attention's own
+    math backward."""
+    _open_cpu_backward(monkeypatch)
     gen = torch.Generator().manual_seed(5)
     length = 40
     input_ids = torch.randint(0, VOCAB, (2, length), generator=gen)
@@ -89,16 +131,49 @@ def test_flex_drafter_gives_the_dense_loss_and_gradients(monkeypatch: pytest.Mon
         "anchors": anchors,
         "valid": valid,
     }
-    drafter = tiny_drafter(num_layers=2)
-    drafter.attention_backend = "sdpa"
-    dense, dense_grads = _loss_and_grads(drafter, batch)
+    _assert_flex_equals_dense(tiny_drafter(num_layers=2), batch)
+
+
+def test_compiled_flex_warm_up_leaves_no_compile_for_later_rows_and_lengths(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The trainer's warm-up (the shapes warm_up_shapes picks from an epoch plan, run by
+    DrafterStepper.warm_up) leaves a compiled graph for every later batch: new rows counts,
+    new padded lengths, new query counts, one row. Dynamo's graph capture and AOTAutograd
+    are the real ones; 'aot_eager' runs the captured graphs eagerly (inductor's CPU flex
+    kernel has no backward). The compiled path still gives the dense loss and gradients."""
+    from torch._dynamo.utils import counters
+
+    _open_cpu_backward(monkeypatch)
+    monkeypatch.setattr(_FlexState, "cpu_backend", "aot_eager")
+    monkeypatch.setattr(_FlexState, "compiled", {})
+    torch.compiler.reset()
+    anchors = 80  # below 64 tokens a row has fewer anchors: 256 padded queries, else 512
+    lengths = [70, 66, 300, 120, 130, 40, 35, 38, 30, 400, 450, 40, 130, 100, 90, 80]
+    plan = [[0, 1], [2, 3, 4], [4], [5, 6, 7, 8], [9, 10], [11], [12, 13, 14, 15], [0, 15]]
+    shapes = warm_up_shapes(lengths, plan, 400, anchors, 4)
+    # The first batch (a static graph), one that differs in every size (one graph for
+    # every rows >= 2), one single-row batch (dynamo specialises a size of 1).
+    assert shapes == [(2, 70), (4, 40), (1, 130)]
+    drafter = tiny_drafter()
     drafter.attention_backend = "flex"
-    flex, flex_grads = _loss_and_grads(drafter, batch)
-    torch.testing.assert_close(flex.loss, dense.loss, rtol=1e-6, atol=1e-6)
-    assert torch.equal(flex.slot_correct, dense.slot_correct)
-    assert dense_grads.keys() == flex_grads.keys() and len(dense_grads) > 5
-    for name, grad in dense_grads.items():
-        torch.testing.assert_close(flex_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    embed, head = frozen_head()
+    config = StepConfig(1e-3, 0.0, 1, 10, 1.0, block_size=4, num_anchors=anchors, seed=0)
+    stepper = DrafterStepper(
+        drafter, drafter, embed_tokens=embed, lm_head=head, config=config,
+        device=torch.device("cpu"), timers=StageTimers(),
+    )  # fmt: skip
+    counters.clear()
+    stepper.warm_up(shapes, torch.float32)
+    assert counters["stats"]["unique_graphs"] >= 1
+    warm = counters["stats"]["unique_graphs"]
+    compiles: list[tuple[int, ...]] = []
+    monkeypatch.setattr(_FlexState, "on_compile", lambda _s, key: compiles.append(key[0]))
+    for seed, (rows, length) in enumerate([(3, 300), (5, 130), (2, 400), (1, 40), (6, 90)]):
+        _assert_flex_equals_dense(drafter, _batch(rows, length, anchors, seed))
+    assert counters["stats"]["unique_graphs"] == warm, compiles
+    assert not compiles
+    torch.compiler.reset()
 
 
 def test_fused_cross_entropy_equals_plain_cross_entropy(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch._dynamo.utils import counters
 
-from dflash_train.pipeline.compile_warm_up import drafter_shapes, kernels_in_use
+from dflash_train.pipeline.compile_warm_up import drafter_shapes, kernels_in_use, warm_up_shapes
 from dflash_train.pipeline.target_workers import (
     compile_target_layers,
     target_compile_wanted,
@@ -69,6 +69,18 @@ def test_drafter_shapes_are_the_first_distinct_padded_batch_shapes() -> None:
         (1, 768),
         (1, 2048),
     ]
+
+
+def test_warm_up_shapes_make_one_graph_for_all_rows_and_one_for_single_rows() -> None:
+    """512 anchors x block 16: every batch has 8,192 padded queries; rows and padded key
+    lengths vary. (3, 2000) compiles static; (2, 1300) differs in rows and length, so its
+    graph takes every rows >= 2 and length, (2, 1900) and (4, 2048) included; one row is
+    a graph of its own. (3, 1900) has the first batch's sizes: no pick of its own."""
+    lengths = [1100, 2000, 1500, 1300, 1900, 1024, 1700, 1200, 2048, 1800]
+    plan = [[0, 1, 2], [3, 4], [5], [6, 7, 8, 9], [0, 3], [2, 4, 6]]
+    assert warm_up_shapes(lengths, plan, 2048, 512, 16) == [(3, 2000), (2, 1300), (1, 1024)]
+    assert warm_up_shapes(lengths, plan, 2048, 512, 16, count=2) == [(3, 2000), (2, 1300)]
+    assert warm_up_shapes(lengths, [[0, 1], [4, 8]], 2048, 512, 16) == [(2, 2000)]
 
 
 def test_kernels_in_use_on_the_cpu() -> None:
