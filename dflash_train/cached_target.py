@@ -198,11 +198,13 @@ def static_forward(
     start: torch.Tensor,
     pad: torch.Tensor,
     layer_ids: Sequence[int] = (),
+    limit: int | None = None,
 ) -> StepOutput:
     """CachedTarget.forward with every shape fixed, for CUDA-graph capture: `start` and
     `pad` [B] are device tensors, the write goes through index_copy_, and attention covers
-    the whole cache with the columns after each query (and each row's padding) masked. The
-    GQA attention multiplies each key/value head with its group of query heads directly, so
+    the first `limit` cache columns (all of them by default; every query must sit before
+    it) with the columns after each query (and each row's padding) masked. The GQA
+    attention multiplies each key/value head with its group of query heads directly, so
     keys and values are read once instead of being repeated per query head."""
     target = runner.target
     batch, n = input_ids.shape
@@ -214,11 +216,13 @@ def static_forward(
     hidden = target.embed_tokens(input_ids)
     cos, sin = target.backbone.rotary_emb(hidden, positions)
     cos, sin = cos[:, None], sin[:, None]
-    keys_seen = torch.arange(cache.capacity, device=device)
-    visible = cache.key_valid[:, None, :] & (keys_seen[None, None, :] <= columns[None, :, None])
+    seen = cache.capacity if limit is None else limit
+    keys_seen = torch.arange(seen, device=device)
+    valid = cache.key_valid[:, None, :seen]
+    visible = valid & (keys_seen[None, None, :] <= columns[None, :, None])
     visible = visible | (keys_seen[None, None, :] == columns[None, :, None])  # [B, n, C]
-    hidden_mask = ~visible[:, None, None].expand(batch, 1, group, n, cache.capacity)
-    hidden_mask = hidden_mask.reshape(batch, 1, group * n, cache.capacity)
+    hidden_mask = ~visible[:, None, None].expand(batch, 1, group, n, seen)
+    hidden_mask = hidden_mask.reshape(batch, 1, group * n, seen)
     captured: dict[int, torch.Tensor] = {}
     last = len(target.layers) - 1
     for index, layer in enumerate(target.layers):
@@ -236,9 +240,10 @@ def static_forward(
         cache.values[index].index_copy_(2, columns, v)
         # [B, kv, group*n, d] x [B, kv, d, C]: query head h uses kv head h // group.
         grouped = q.reshape(batch, kv_heads, group * n, dim)
-        scores = (grouped @ cache.keys[index].transpose(-1, -2)).float() * runner.scale
+        keys, values = cache.keys[index, :, :, :seen], cache.values[index, :, :, :seen]
+        scores = (grouped @ keys.transpose(-1, -2)).float() * runner.scale
         weights = scores.masked_fill(hidden_mask, float("-inf")).softmax(dim=-1)
-        out = weights.to(v.dtype) @ cache.values[index]  # [B, kv, group*n, d]
+        out = weights.to(v.dtype) @ values  # [B, kv, group*n, d]
         out = out.view(batch, heads, n, dim).transpose(1, 2).reshape(batch, n, -1)
         hidden = hidden + attn.o_proj(out)
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
@@ -251,9 +256,50 @@ def static_forward(
     return StepOutput(target.lm_head(normed), context)
 
 
-class GraphedStep:
-    """Forwards of a fixed width `n` for every row of `cache` at any start column, captured
-    once as a CUDA graph (static_forward): a decode step is ~1,300 small kernels, and
+class StaticStep:
+    """Forwards of a fixed width `n` for every row of `cache` at any start column (before
+    `limit`, the attention columns covered), through static_forward: the shapes a CUDA
+    graph captures, run as they are (GraphedStep captures them)."""
+
+    def __init__(
+        self,
+        runner: CachedTarget,
+        cache: KVCache,
+        n: int,
+        layer_ids: Sequence[int],
+        pad: torch.Tensor | None = None,
+        limit: int | None = None,
+    ) -> None:
+        self.runner, self.cache, self.n, self.layer_ids = runner, cache, n, tuple(layer_ids)
+        self.limit = cache.capacity if limit is None else min(limit, cache.capacity)
+        device = runner.device
+        batch = int(cache.keys.shape[1])
+        self.ids = torch.zeros(batch, n, dtype=torch.long, device=device)
+        self.start = torch.zeros((), dtype=torch.long, device=device)
+        self.pad = torch.zeros(batch, dtype=torch.long, device=device)
+        if pad is not None:
+            self.pad.copy_(pad)
+
+    def _run(self) -> StepOutput:
+        return static_forward(
+            self.runner, self.cache, self.ids, self.start, self.pad, self.layer_ids, self.limit
+        )
+
+    def _replay(self) -> StepOutput:
+        return self._run()
+
+    def __call__(self, input_ids: torch.Tensor, start: int) -> StepOutput:
+        if start + self.n > self.limit:
+            raise ValueError(f"cache: {start + self.n} columns needed, limit {self.limit}")
+        self.ids.copy_(input_ids.view(self.ids.shape))
+        self.start.fill_(start)
+        out = self._replay()
+        context = None if out.context is None else out.context.clone()
+        return StepOutput(out.logits.clone(), context)
+
+
+class GraphedStep(StaticStep):
+    """StaticStep captured once as a CUDA graph: a decode step is ~1,300 small kernels, and
     launching them one by one from Python costs far more than running them."""
 
     def __init__(
@@ -263,21 +309,16 @@ class GraphedStep:
         n: int,
         layer_ids: Sequence[int],
         pad: torch.Tensor | None = None,
+        limit: int | None = None,
     ) -> None:
-        self.runner, self.cache, self.n, self.layer_ids = runner, cache, n, tuple(layer_ids)
+        super().__init__(runner, cache, n, layer_ids, pad, limit)
         device = runner.device
-        batch = int(cache.keys.shape[1])
-        self.ids = torch.zeros(batch, n, dtype=torch.long, device=device)
-        self.start = torch.zeros((), dtype=torch.long, device=device)
-        self.pad = torch.zeros(batch, dtype=torch.long, device=device)
-        if pad is not None:
-            self.pad.copy_(pad)
         self.graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream(device=device)
         stream.wait_stream(torch.cuda.current_stream(device))
-        # Warm-up outside the graph (allocator, lazy inits), at the last columns: whatever
-        # it writes there is rewritten before any query can see it.
-        self.start.fill_(cache.capacity - n)
+        # Warm-up outside the graph (allocator, lazy inits), at the last columns it covers:
+        # whatever it writes there is rewritten before any query can see it.
+        self.start.fill_(self.limit - n)
         with torch.inference_mode(), torch.cuda.stream(stream):
             for _ in range(2):
                 self._run()
@@ -285,18 +326,6 @@ class GraphedStep:
         with torch.inference_mode(), torch.cuda.graph(self.graph):
             self.out = self._run()
 
-    def _run(self) -> StepOutput:
-        return static_forward(
-            self.runner, self.cache, self.ids, self.start, self.pad, self.layer_ids
-        )
-
-    def __call__(self, input_ids: torch.Tensor, start: int) -> StepOutput:
-        if start + self.n > self.cache.capacity:
-            raise ValueError(
-                f"cache: {start + self.n} columns needed, capacity {self.cache.capacity}"
-            )
-        self.ids.copy_(input_ids.view(self.ids.shape))
-        self.start.fill_(start)
+    def _replay(self) -> StepOutput:
         self.graph.replay()
-        context = None if self.out.context is None else self.out.context.clone()
-        return StepOutput(self.out.logits.clone(), context)
+        return self.out

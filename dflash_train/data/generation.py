@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dflash_train.cached_target import CachedTarget, GraphedStep
+from dflash_train.cached_target import CachedTarget, GraphedStep, StaticStep
 
 if TYPE_CHECKING:
     from dflash_train.targets import Target
@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 # them once fewer than COMPACT_BELOW of the rows are still generating.
 COMPACT_EVERY = 8
 COMPACT_BELOW = 0.75
+# A captured step attends to the cache columns written so far plus this many (re-captured
+# when the answers pass them): early steps do not read the whole cache's width.
+LIMIT_STEP = 128
 
 
 class Progress:
@@ -81,12 +84,16 @@ def generate_rows(
     generator: torch.Generator | None = None,
     on_tokens: Callable[[int], None] | None = None,
     graphs: bool | None = None,
+    static: bool = False,
+    limit_step: int = LIMIT_STEP,
 ) -> list[list[int]]:
     """New tokens of every prompt (one batch), each cut after its first stop token.
     `temperature`: one for all rows or one per row. `on_tokens(n)` hears how many answer
-    tokens were produced since its last call. On CUDA the decode step replays a captured
-    graph (all rows run to the end or until all finished); elsewhere, or if capture fails,
-    it runs eagerly and drops finished rows as it goes."""
+    tokens were produced since its last call. Finished rows are dropped as it goes. On CUDA
+    the decode step replays a captured graph over the columns written so far plus
+    `limit_step`, captured again when rows are dropped or the answers pass it; elsewhere,
+    or if capture fails, it runs eagerly. `static`: the captured steps' shapes without
+    the capture (StaticStep), which is how the CPU tests check the graph path's logic."""
     device = runner.device
     batch = len(prompts)
     width = max(len(p) for p in prompts)
@@ -102,12 +109,9 @@ def generate_rows(
         else torch.tensor(list(temperature), dtype=torch.float32, device=device)
     )
     logits = runner.forward(cache, ids.to(device), 0, pad=pad).logits[:, -1]
-    graph = None
-    if (device.type == "cuda" if graphs is None else graphs) and max_new_tokens > 1:
-        try:
-            graph = GraphedStep(runner, cache, 1, (), pad=pad)
-        except RuntimeError as exc:
-            log.warning("CUDA graph capture failed (%s); decoding eagerly", exc)
+    fixed = static or (device.type == "cuda" if graphs is None else graphs)
+    make = StaticStep if static else GraphedStep
+    graph: StaticStep | None = None
     out = torch.full((batch, max_new_tokens), -1, dtype=torch.long, device=device)
     rows = torch.arange(batch, device=device)  # original row of each live row
     stops = torch.tensor(list(stop_ids), device=device)
@@ -130,15 +134,24 @@ def generate_rows(
                 reported = total
             if count == 0:
                 break
-            if graph is None and count < COMPACT_BELOW * rows.numel():
+            if count < COMPACT_BELOW * rows.numel():
+                graph = None  # bound to the old cache: made again for the rows left
                 cache = cache.keep_rows(alive)
                 rows, pad, token, done = rows[alive], pad[alive], token[alive], done[alive]
                 if isinstance(temps, torch.Tensor):
                     temps = temps[alive]
+        column = width + step
+        if fixed and (graph is None or column + 1 > graph.limit):
+            graph = None
+            try:
+                graph = make(runner, cache, 1, (), pad=pad, limit=column + 1 + limit_step)
+            except RuntimeError as exc:
+                log.warning("CUDA graph capture failed (%s); decoding eagerly", exc)
+                fixed = False
         if graph is not None:
-            logits = graph(token[:, None], width + step).logits[:, -1]
+            logits = graph(token[:, None], column).logits[:, -1]
         else:
-            logits = runner.forward(cache, token[:, None], width + step, pad=pad).logits[:, -1]
+            logits = runner.forward(cache, token[:, None], column, pad=pad).logits[:, -1]
     if on_tokens is not None:
         on_tokens(int(produced) - reported)
     stop_set = {int(s) for s in stop_ids}

@@ -17,6 +17,7 @@ from dflash_train.data.dataset import load_dataset_dir
 from dflash_train.data.prepare import (
     PrepareConfig,
     PrepareError,
+    chat_prompt_ids,
     prepare_dataset,
     split_repeats,
     stop_token_ids,
@@ -263,6 +264,42 @@ def test_the_graph_ready_step_matches_the_cached_forward(tiny_target: Target) ->
             got = static_forward(runner, static, ids, torch.tensor(column), pad, [1, 5])
             torch.testing.assert_close(got.logits, want.logits, atol=1e-5, rtol=1e-4)
             torch.testing.assert_close(got.context, want.context, atol=1e-5, rtol=1e-4)
+
+
+def test_the_graph_path_decodes_what_the_eager_path_does(
+    smollm2: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """generate_rows' fixed-shape steps (what CUDA graphs capture), made again as rows
+    finish and as answers pass the attention limit, give the eager path's tokens."""
+    from dflash_train.cached_target import StaticStep
+    from dflash_train.data import generation
+
+    made: list[tuple[int, int]] = []
+
+    class Counted(StaticStep):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            made.append((int(self.cache.keys.shape[1]), self.limit))
+
+    monkeypatch.setattr(generation, "StaticStep", Counted)
+    runner = CachedTarget(smollm2)
+    texts = [
+        "What is 2+2? Answer with the number only.",
+        "Explain what a list is in Python.",
+        "What is the capital of France? One word.",
+        "Say OK.",
+    ]
+    prompts = [chat_prompt_ids(smollm2.tokenizer, t) for t in texts]
+    stops = stop_token_ids(smollm2)
+    eager = generation.generate_rows(runner, prompts, max_new_tokens=20, stop_ids=stops)
+    fixed = generation.generate_rows(
+        runner, prompts, max_new_tokens=20, stop_ids=stops, static=True, limit_step=6
+    )
+    assert fixed == eager
+    assert len(eager[1]) == 20 and len(eager[0]) == len(eager[2]) == 8  # two finish early
+    rows = [r for r, _ in made]
+    assert rows[0] == 4 and rows[-1] < 4  # dropped rows: made again for fewer
+    assert len({limit for _, limit in made}) >= 3  # and again past each limit
 
 
 def test_per_row_temperatures_keep_greedy_rows_greedy() -> None:
