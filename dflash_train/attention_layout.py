@@ -68,12 +68,15 @@ class _FlexState:
     """The compiled kernel (per compiler backend) and whether flex works."""
 
     lock = threading.Lock()
-    compiled: dict[str, Any] = {}  # noqa: RUF012  (process-wide by design)
+    compiled: dict[Any, Any] = {}  # noqa: RUF012  (per backend; process-wide by design)
     broken: bool = False
-    # CPU tensors take eager flex (the slow reference) unless this names a torch.compile
+    # CPU tensors take eager flex (the slow reference) unless this is a torch.compile
     # backend: the tests run the compiled path's graph capture on the CPU with "aot_eager"
     # (inductor's CPU flex kernel has no backward).
-    cpu_backend: str | None = None
+    cpu_backend: Any = None
+    # torch.compile's `dynamic`: None is automatic dynamic shapes; False (one static graph
+    # per shape, the old behaviour) once inductor has failed to compile a dynamic graph.
+    dynamic: bool | None = None
     # Called with (seconds, shape key) after a call that compiled a graph.
     on_compile: Callable[[float, tuple[Any, ...]], None] | None = None
 
@@ -225,7 +228,7 @@ def _pad_keys(t: torch.Tensor, layout: AttentionLayout) -> torch.Tensor:
     return torch.cat(parts, dim=2)
 
 
-def _compiled_flex(backend: str) -> Any:
+def _compiled_flex(backend: Any) -> Any:
     with _FlexState.lock:
         if backend not in _FlexState.compiled:
             import torch._dynamo
@@ -244,9 +247,22 @@ def _compiled_flex(backend: str) -> Any:
             # dims dynamic up front cannot work: the BlockMask's lengths are Python ints,
             # which dynamo makes symbolic only once it has seen them change.
             _FlexState.compiled[backend] = torch.compile(
-                flex_attention, backend=backend, dynamic=None, fullgraph=True
+                flex_attention, backend=backend, dynamic=_FlexState.dynamic, fullgraph=True
             )
         return _FlexState.compiled[backend]
+
+
+def compiles_flex(device: torch.device) -> bool:
+    """Whether flex calls on `device` run the compiled kernel (CUDA; the CPU in tests)."""
+    return device.type == "cuda" or _FlexState.cpu_backend is not None
+
+
+def compile_static_shapes() -> None:
+    """Compile one static graph per shape from now on: the fallback for a dynamic graph
+    that inductor cannot compile."""
+    with _FlexState.lock:
+        _FlexState.dynamic = False
+        _FlexState.compiled.clear()
 
 
 def _flex(
@@ -260,7 +276,7 @@ def _flex(
         q = F.pad(q, (0, 0, 0, qp - q.shape[2]))
     k, v = _pad_keys(k, layout), _pad_keys(v, layout)
     backend = "inductor" if q.is_cuda else _FlexState.cpu_backend
-    if backend is None:  # eager flex: a slow reference (tests)
+    if not compiles_flex(q.device):  # eager flex: a slow reference (tests)
         out = flex_attention(q, k, v, block_mask=layout.block_mask, scale=scale, enable_gqa=True)
         return out[:, :, : layout.queries]
     kernel = _compiled_flex(backend)

@@ -2,7 +2,8 @@
 decoder layers (torch.compile) and the drafter's flex attention for the few batch shapes
 that, by dynamo's automatic-dynamic rules, leave a graph for every shape of the epoch plan.
 A compile inside a worker thread holds the GIL for seconds and once hung a launch; a
-compile that fails here falls back to eager and says so instead of ending the run."""
+compile that fails here falls back and says so instead of ending the run (target layers to
+eager; flex attention to static shapes, then to SDPA)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dflash_train.attention_layout import PAD_TO, _FlexState, _round_up, resolve_backend
+from dflash_train.attention_layout import (
+    PAD_TO,
+    _FlexState,
+    _round_up,
+    compile_static_shapes,
+    compiles_flex,
+    resolve_backend,
+)
 from dflash_train.pipeline.target_workers import (
     compile_target_layers,
     target_compile_wanted,
@@ -136,11 +144,35 @@ def warm_up_shapes(
     return picks
 
 
-def _fall_back_to_sdpa(stepper: DrafterStepper) -> None:
+def _warm_up_flex(
+    stepper: DrafterStepper, shapes: list[tuple[int, int]], dtype: Any, emit: Emit
+) -> tuple[float | None, list[tuple[int, int]]]:
+    """(seconds, shapes warmed) of the flex warm-up with dynamic shapes; where inductor
+    cannot compile those, with static ones (the first two shapes; later ones then compile
+    on first use, as before); where that fails too, the drafter falls back to SDPA."""
+    import torch
+
     from dflash_train.drafter import _unwrap
 
+    for static in (False, True):
+        if static:
+            compile_static_shapes()
+            shapes = shapes[:2]
+        try:
+            return stepper.warm_up(shapes, dtype), shapes
+        except torch.cuda.OutOfMemoryError:
+            raise  # the real steps would not fit either: say so now, as the run would
+        except Exception as exc:  # e.g. no Triton config for this head size
+            stepper.optimizer.zero_grad(set_to_none=True)
+            then = "using SDPA with a dense mask" if static else "compiling per shape"
+            print(f"flex attention compile failed, {then}: {exc!r}", file=sys.stderr)
+            emit(
+                "event", level="warning", code="compile_failed",
+                message=f"drafter flex attention failed to compile with "
+                f"{'static' if static else 'dynamic'} shapes ({type(exc).__name__}); {then}",
+            )  # fmt: skip
     _unwrap(stepper.model).attention_backend = "sdpa"
-    stepper.optimizer.zero_grad(set_to_none=True)
+    return None, []
 
 
 def compile_before_workers(
@@ -176,26 +208,17 @@ def compile_before_workers(
         report["target_s"] = round(seconds, 2)
         report["target_layers_compiled"] = layers
     device = stepper.device
-    if device.type == "cuda" and resolve_backend(attention_backend, device) == "flex" and shapes:
+    if compiles_flex(device) and resolve_backend(attention_backend, device) == "flex" and shapes:
         import torch
         from torch._dynamo.utils import counters
 
         dtype = targets[0].embed_tokens.weight.dtype if targets else torch.bfloat16
         graphs = counters["stats"]["unique_graphs"]
-        try:
-            report["drafter_s"] = round(stepper.warm_up(list(shapes), dtype), 2)
+        spent, shapes = _warm_up_flex(stepper, list(shapes), dtype, emit)
+        if spent is not None:
+            report["drafter_s"] = round(spent, 2)
             report["drafter_graphs"] = counters["stats"]["unique_graphs"] - graphs
-        except torch.cuda.OutOfMemoryError:
-            raise  # the real steps would not fit either: say so now, as the run would
-        except Exception as exc:  # e.g. no Triton config for this head size
-            _fall_back_to_sdpa(stepper)
-            print(f"flex attention compile failed, using SDPA: {exc!r}", file=sys.stderr)
-            emit(
-                "event", level="warning", code="compile_failed",
-                message=f"drafter flex attention failed to compile ({type(exc).__name__}); "
-                "using SDPA with a dense mask",
-            )  # fmt: skip
-            shapes = []
+        report["shapes"] = list(shapes)
 
         def on_new_shape(spent: float, key: tuple[Any, ...]) -> None:
             emit(
@@ -214,7 +237,8 @@ def compile_before_workers(
         if report["drafter_s"] is not None:
             parts.append(
                 f"drafter attention {report['drafter_s']:.1f} s for shapes {list(shapes)} "
-                f"({report.get('drafter_graphs', 0)} dynamo graphs)"
+                f"({report.get('drafter_graphs', 0)} dynamo graphs, "
+                f"{'dynamic' if _FlexState.dynamic is None else 'static'} shapes)"
             )
         emit(
             "event", level="info", code="compiled",
@@ -223,5 +247,6 @@ def compile_before_workers(
             target_s=report["target_s"], drafter_s=report["drafter_s"],
             drafter_shapes=[list(shape) for shape in shapes],
             drafter_graphs=report.get("drafter_graphs"),
+            drafter_dynamic=_FlexState.dynamic is None if report["drafter_s"] is not None else None,
         )  # fmt: skip
     return report

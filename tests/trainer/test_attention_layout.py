@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from drafter_fixtures import VOCAB, frozen_head, random_context, tiny_drafter
+from drafter_fixtures import (
+    VOCAB,
+    frozen_head,
+    open_cpu_flex_backward,
+    random_context,
+    tiny_drafter,
+    tiny_stepper,
+)
 
 from dflash_train import dflash_loss
 from dflash_train.attention_layout import (
@@ -19,8 +26,6 @@ from dflash_train.attention_layout import (
 )
 from dflash_train.dflash_loss import dflash_forward_loss, linear_cross_entropy, sample_anchors
 from dflash_train.pipeline.compile_warm_up import warm_up_shapes
-from dflash_train.pipeline.drafter_step import DrafterStepper, StepConfig
-from dflash_train.pipeline.stage_timers import StageTimers
 
 
 def _tiles(num: torch.Tensor, idx: torch.Tensor, kv_tiles: int) -> torch.Tensor:
@@ -78,13 +83,6 @@ def _loss_and_grads(drafter: torch.nn.Module, batch: dict[str, torch.Tensor]) ->
     return out, grads
 
 
-def _open_cpu_backward(monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch refuses a CPU flex backward only at its front door: open it."""
-    import torch.nn.attention.flex_attention as flex_module
-
-    monkeypatch.setattr(flex_module, "_validate_device", lambda *_a: None)
-
-
 def _batch(rows: int, length: int, anchors: int, seed: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(0, VOCAB, (rows, length), generator=gen)
@@ -116,7 +114,7 @@ def _assert_flex_equals_dense(drafter: torch.nn.Module, batch: dict[str, torch.T
 def test_flex_drafter_gives_the_dense_loss_and_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole flex path (padding, block mask, mask_mod) through flex_attention's own
     math backward."""
-    _open_cpu_backward(monkeypatch)
+    open_cpu_flex_backward(monkeypatch)
     gen = torch.Generator().manual_seed(5)
     length = 40
     input_ids = torch.randint(0, VOCAB, (2, length), generator=gen)
@@ -144,7 +142,7 @@ def test_compiled_flex_warm_up_leaves_no_compile_for_later_rows_and_lengths(
     kernel has no backward). The compiled path still gives the dense loss and gradients."""
     from torch._dynamo.utils import counters
 
-    _open_cpu_backward(monkeypatch)
+    open_cpu_flex_backward(monkeypatch)
     monkeypatch.setattr(_FlexState, "cpu_backend", "aot_eager")
     monkeypatch.setattr(_FlexState, "compiled", {})
     torch.compiler.reset()
@@ -157,12 +155,7 @@ def test_compiled_flex_warm_up_leaves_no_compile_for_later_rows_and_lengths(
     assert shapes == [(2, 70), (4, 40), (1, 130)]
     drafter = tiny_drafter()
     drafter.attention_backend = "flex"
-    embed, head = frozen_head()
-    config = StepConfig(1e-3, 0.0, 1, 10, 1.0, block_size=4, num_anchors=anchors, seed=0)
-    stepper = DrafterStepper(
-        drafter, drafter, embed_tokens=embed, lm_head=head, config=config,
-        device=torch.device("cpu"), timers=StageTimers(),
-    )  # fmt: skip
+    stepper = tiny_stepper(drafter, anchors)
     counters.clear()
     stepper.warm_up(shapes, torch.float32)
     assert counters["stats"]["unique_graphs"] >= 1

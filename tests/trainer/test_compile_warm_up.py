@@ -4,10 +4,20 @@ Dynamo's graph capture is real; the 'eager' backend skips only the C++/Triton co
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import torch
+from drafter_fixtures import open_cpu_flex_backward, tiny_drafter, tiny_stepper
 from torch._dynamo.utils import counters
 
-from dflash_train.pipeline.compile_warm_up import drafter_shapes, kernels_in_use, warm_up_shapes
+from dflash_train.attention_layout import _FlexState
+from dflash_train.pipeline.compile_warm_up import (
+    compile_before_workers,
+    drafter_shapes,
+    kernels_in_use,
+    warm_up_shapes,
+)
 from dflash_train.pipeline.target_workers import (
     compile_target_layers,
     target_compile_wanted,
@@ -81,6 +91,44 @@ def test_warm_up_shapes_make_one_graph_for_all_rows_and_one_for_single_rows() ->
     assert warm_up_shapes(lengths, plan, 2048, 512, 16) == [(3, 2000), (2, 1300), (1, 1024)]
     assert warm_up_shapes(lengths, plan, 2048, 512, 16, count=2) == [(3, 2000), (2, 1300)]
     assert warm_up_shapes(lengths, [[0, 1], [4, 8]], 2048, 512, 16) == [(2, 2000)]
+
+
+def _static_only(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
+    """A compiler backend that cannot compile symbolic sizes (as inductor might not)."""
+    sizes = [d for x in inputs if isinstance(x, torch.Tensor) for d in x.shape]
+    if any(isinstance(v, torch.SymInt) for v in [*inputs, *sizes]):
+        raise NotImplementedError("symbolic sizes")
+    return gm.forward
+
+
+def test_drafter_warm_up_falls_back_to_static_graphs_and_reports_later_compiles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    open_cpu_flex_backward(monkeypatch)
+    for name, value in [("cpu_backend", _static_only), ("compiled", {}), ("dynamic", None)]:
+        monkeypatch.setattr(_FlexState, name, value)
+    monkeypatch.setattr(_FlexState, "on_compile", None)
+    torch.compiler.reset()
+    drafter = tiny_drafter()
+    drafter.attention_backend = "flex"
+    stepper = tiny_stepper(drafter, num_anchors=80)
+    events: list[dict[str, Any]] = []
+    report = compile_before_workers(
+        targets=[_fresh_tiny_target()], layer_ids=[1, 3], stepper=stepper,
+        attention_backend="flex", shapes=[(2, 70), (4, 40), (1, 130)],
+        emit=lambda kind, **fields: events.append({"kind": kind, **fields}),
+    )  # fmt: skip
+    # The second shape's graph is the dynamic one: it fails, the static retry warms two.
+    assert [e["code"] for e in events] == ["compile_failed", "compiled"]
+    assert "dynamic shapes (BackendCompilerFailed); compiling per shape" in events[0]["message"]
+    assert report["shapes"] == [(2, 70), (4, 40)]
+    assert events[1]["drafter_shapes"] == [[2, 70], [4, 40]]
+    assert events[1]["drafter_dynamic"] is False and events[1]["drafter_graphs"] >= 2
+    assert drafter.attention_backend == "flex"
+    stepper.warm_up([(3, 300)], torch.float32)  # a new shape compiles, and says so
+    assert events[2]["code"] == "compiled" and events[2]["part"] == "drafter_attention"
+    assert events[2]["shape"] == [3, 4, 512, 8]
+    torch.compiler.reset()
 
 
 def test_kernels_in_use_on_the_cpu() -> None:
