@@ -69,6 +69,27 @@ def generation(target, prompts: list[list[int]], batch: int, new_tokens: int) ->
     }
 
 
+def check_graph_path(target, prompts: list[list[int]]) -> dict:
+    """Captured steps (made again as rows stop and answers pass the limit) against the same
+    fixed-shape steps run uncaptured: the same kernels, so the same tokens. Every 50th token
+    id stops a row, so rows finish at scattered steps and the batch shrinks."""
+    from dflash_train.cached_target import CachedTarget
+    from dflash_train.data.generation import generate_rows
+
+    runner = CachedTarget(target)
+    rows = [prompts[i % len(prompts)] for i in range(256)]
+    stops = list(range(2, target.vocab_size, 50))
+    kwargs = {"max_new_tokens": 96, "stop_ids": stops, "limit_step": 32}
+    graphed = generate_rows(runner, rows, graphs=True, **kwargs)
+    static = generate_rows(runner, rows, static=True, **kwargs)
+    lengths = sorted(map(len, graphed))
+    return {
+        "rows": len(rows),
+        "equal_rows": sum(a == b for a, b in zip(graphed, static, strict=True)),
+        "answer_length_min_median_max": [lengths[0], lengths[len(lengths) // 2], lengths[-1]],
+    }
+
+
 def profile_generation(target, prompts: list[list[int]], batch: int, new_tokens: int) -> str:
     """torch.profiler's table of one generate_rows call, by GPU time."""
     from torch.profiler import ProfilerActivity, profile
@@ -129,11 +150,14 @@ def main() -> None:
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--batch", type=int, action="append")
     parser.add_argument("--new-tokens", type=int, default=384)
+    parser.add_argument("--check", action="store_true", help="captured == uncaptured steps")
     parser.add_argument("--profile", type=int, default=0, help="profile one batch of this size")
     parser.add_argument("--context", type=int, default=300, help="speculative: context length")
     args = parser.parse_args()
     target = load_target(args.target_model, args.device, torch.bfloat16)
     prompts = [chat_prompt_ids(target.tokenizer, p) for p in load_prompts("builtin")]
+    if args.check:
+        print(json.dumps({"graph_check": check_graph_path(target, prompts)}), flush=True)
     if args.profile:
         print(profile_generation(target, prompts, args.profile, 64), flush=True)
     result = {"generation": [], "speculative": []}

@@ -13,6 +13,10 @@
 #   final  (call 4) the best config resumes from its newest checkpoint and trains on, then
 #          export, `dflash-train eval` on the 40 held-out prompts x 256 (blocks 16 and 8),
 #          result.json and the curve
+#   train  (run 3) config c trains TRAIN_S seconds on the `data` stage's data (resuming the
+#          newest checkpoint of an earlier `train` call, if any), then export, eval of the 40
+#          held-out prompts x 256 (blocks 16 and 8), result.json, and held-out tau of the
+#          checkpoints in the time left
 #   OUT=/tmp/out bash bench/quality_session.sh carry smoke     # and so on
 # Wheels in .whl15/ (gguf, datasets, dill, multiprocess); results under $OUT.
 set -uo pipefail
@@ -48,7 +52,7 @@ EVAL_ARGS=(--max-prompts 40 --max-new-tokens 256)
 if [ -n "${DRY:-}" ]; then  # a CPU run of the plumbing: tiny batches, a handful of prompts
   CONFIGS=("a 1 1 3e-3 4 512" "b 1 2 3e-3 4 512" "c 1 1 1e-3 4 512")
   SMOKE_PROMPTS=(--prompts builtin --samples 8 --max-new-tokens 24)
-  SWEEP_PROMPTS=(--prompts synth:4 --prompts builtin --samples 12 --max-new-tokens 24)
+  SWEEP_PROMPTS=(--prompts synth:4 --prompts synth:3@builtin --prompts builtin --samples 12 --max-new-tokens 24)
   EVAL_ARGS=(--max-prompts 2 --max-new-tokens 16)
 fi
 train() {  # train NAME DATA RUN_DIR STEPS TIMEOUT [extra flags...]
@@ -129,6 +133,10 @@ reassemble() {
 
 make_data() {  # the target answers synth:N + the train split twice, N sized for GEN_S seconds
   local rate=35000 nsyn
+  if [ -n "${SYNTH_OPENERS:-}" ]; then  # run 3: most prompts open like a train-split prompt
+    [ ${#SWEEP_PROMPTS[@]} -gt 0 ] || SWEEP_PROMPTS=(--prompts "synth:${SYNTH_OPENERS}@builtin" \
+      --prompts "synth:${SYNTH_FREE:-8000}" --prompts 'builtin*2' --max-new-tokens 384)
+  fi
   [ -f "$W/smoke.json" ] && rate=$(python3 -c "import json;print(json.load(open('$W/smoke.json')).get('answer_tokens_per_s') or 35000)")
   # ~290 tokens an answer at 384 new tokens at most; pass 2 of the train split sampled at 0.7.
   nsyn=$(python3 -c "print(max(2000, int(0.75 * min(40000.0, float($rate)) * $1 / 290) - 560))")
@@ -240,6 +248,50 @@ stage_final() {
       --prompts 10 --max-new-tokens 128 --budget-s "$budget" --device "$DEV" >"$W/curve.json" 2>>"$OUT/log.txt"
     write_result
   fi
+}
+
+stage_train() {
+  TARGET=smollm2
+  reassemble || return 1
+  [ -f "$W/data.done" ] || [ -n "${DRY:-}" ] || { log "no data: run the data stage first"; return 1; }
+  python3 -c "import json;d=json.load(open('$W/prepare.json'));print(json.dumps({k:d.get(k) for k in ('ok','stats','seconds','answer_tokens_per_s','error')}))" | tee -a "$OUT/log.txt"
+  [ -f "$W/ngram.json" ] || python3 bench/quality/ngram_baseline.py "$W/data" >"$W/ngram.json" 2>>"$OUT/log.txt" &
+  local n=1 newest resume=() start=0 steps run
+  while [ -d "$W/run$n" ]; do n=$((n + 1)); done
+  run=$W/run$n
+  newest=$(ls -d "$W"/run*/checkpoints/*/step_* 2>/dev/null | awk -F'step_' '{print $NF" "$0}' \
+    | sort -n | tail -1 | cut -d' ' -f2-)
+  if [ -n "$newest" ]; then resume=(--resume-from "$newest") && start=$((10#${newest##*_})); fi
+  local train_s=$((${TRAIN_END_S:-460} - SECONDS))
+  steps=$(python3 -c "print($start + max(50, int(($train_s - 35) / ${STEP_S:-0.145})))")
+  log "train: config c, $run from step $start to $steps in ${train_s}s"
+  SAVE=$(((steps - start) / 8)) train c "$W/data" "$run" "$steps" "$train_s" "${resume[@]}"
+  log "train rc $?"
+  tail -3 "$run.out" | cut -c1-300 >>"$OUT/log.txt"
+  cp "$run/status.jsonl" "$OUT/train$n.status.jsonl"
+  rm -rf "$OUT/export"
+  cmd $DT export "$run" --out "$OUT/export" >"$W/export.json" 2>>"$OUT/log.txt"
+  cut -c1-400 "$W/export.json" >>"$OUT/log.txt"
+  cmd timeout -k 5 $((${EVAL_END_S:-560} - SECONDS > 60 ? ${EVAL_END_S:-560} - SECONDS : 60)) \
+    $DT eval --target-model smollm2 --drafter "$OUT/export" --prompts builtin "${EVAL_ARGS[@]}" \
+    --device "$DEV" --block-size 16 --block-size 8 >"$W/eval.json" 2>>"$OUT/log.txt"
+  cut -c1-800 "$W/eval.json" >>"$OUT/log.txt"
+  (cd "$OUT/export" && sha256sum model.safetensors >model.safetensors.sha256 \
+    && split -b 4000000 model.safetensors model.safetensors.part- && mv model.safetensors "$W/")
+  local streams=() r
+  for r in "$W"/run*/status.jsonl; do streams+=(--status "$r"); done
+  write_result_run3 "${streams[@]}"
+  local budget=$((585 - SECONDS - 20))
+  if [ $budget -gt 15 ]; then
+    timeout -k 5 $((budget + 15)) python3 bench/quality/curve.py "$run" --target-model smollm2 \
+      --prompts 10 --max-new-tokens 128 --budget-s "$budget" --device "$DEV" >"$W/curve.json" 2>>"$OUT/log.txt"
+    write_result_run3 "${streams[@]}"
+  fi
+}
+
+write_result_run3() {
+  python3 bench/quality/write_result.py --work "$W" --out "$OUT" --commands "$W/commands.txt" \
+    "$@" 2>>"$OUT/log.txt" | tee -a "$OUT/log.txt"
 }
 
 write_result() {
