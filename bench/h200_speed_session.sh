@@ -3,6 +3,8 @@
 #   suite   bench/pipeline.py --suite speed (every figure of docs/performance.md's speed table)
 #   launch  a real `dflash-train launch` (random:qwen3-8b, 2-layer drafter, the new paths:
 #           flex attention, fused CE, compiled target) for a few hundred steps
+#   flexshapes  bench/flex_shapes.py: the flex warm-up's graphs and seconds, later plan
+#           shapes' graphs (0 wanted) and ms, dynamic against static (~1-2 min)
 # Usage (repo root): OUT=/tmp/out bash bench/h200_speed_session.sh launch suite
 # Carry (ignored by git, made as bench/h200_session.sh says): .whl/ (datasets==5.2.0 dill
 # multiprocess platformdirs), .whl_fla/ (flash-linear-attention==0.6.0 fla-core==0.6.0),
@@ -26,6 +28,12 @@ stage_suite() {
   timeout "${SUITE_TIMEOUT:-440}" $py bench/pipeline.py --suite speed --deadline "${SUITE_DEADLINE:-360}" \
     --steps 6 --target-calls 8 --seconds 5 --rounds 2 --cases "${SUITE_CASES:-}" \
     --out "$OUT/speed_h200.json" 2>&1 | tee "$OUT/speed_h200.log"
+}
+
+stage_flexshapes() {
+  say "flex attention over the plan's shapes"
+  timeout "${FLEX_TIMEOUT:-300}" $py bench/flex_shapes.py --out "$OUT/flex_shapes_h200.json" \
+    2>&1 | tee "$OUT/flex_shapes_h200.log"
 }
 
 stage_launch() {
