@@ -142,7 +142,7 @@ make_data() {  # the target answers synth:N + the train split twice, N sized for
   nsyn=$(python3 -c "print(max(2000, int(0.75 * min(40000.0, float($rate)) * $1 / 290) - 560))")
   [ ${#SWEEP_PROMPTS[@]} -gt 0 ] || SWEEP_PROMPTS=(--prompts "synth:$nsyn" --prompts 'builtin*2' --max-new-tokens 384)
   cmd timeout -k 10 "$2" $DT prepare --target-model smollm2 "${SWEEP_PROMPTS[@]}" \
-    --batch-size 1024 --device "$DEV" \
+    --batch-size "${GEN_BATCH:-1024}" --device "$DEV" --max-seconds $(($2 - 40)) \
     --out "$W/data" --num-shards 8 --overwrite >"$W/prepare.json" 2>"$W/prepare.err"
   local rc=$?
   tail -c 400 "$W/prepare.err" | tr '\r' '\n' | tail -2 >>"$OUT/log.txt"

@@ -44,6 +44,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda:N")
     parser.add_argument("--num-shards", type=int, default=1, help="Arrow files to split into")
     parser.add_argument(
+        "--max-seconds",
+        type=float,
+        help="start no new generation batch after this many seconds (load and synthesis "
+        "count); the samples answered by then are written, the reply counts the rest",
+    )
+    parser.add_argument(
         "--overwrite", action="store_true", help="replace an existing dataset directory"
     )
 
@@ -67,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         num_shards=args.num_shards,
         overwrite=args.overwrite,
         responses=args.responses,
+        max_seconds=args.max_seconds,
     )
     try:
         info = prepare_dataset(config)

@@ -66,6 +66,9 @@ class PrepareConfig:
     num_shards: int = 1
     overwrite: bool = False
     responses: str = "regenerate"
+    # Answer no new batch once this many seconds have passed since prepare started (the
+    # target's load and prompt synthesis count); what was answered is written.
+    max_seconds: float | None = None
 
     @property
     def prompt_specs(self) -> tuple[str, ...]:
@@ -78,6 +81,7 @@ class PrepareConfig:
             ("batch-size", self.batch_size >= 1, "must be at least 1"),
             ("temperature", self.temperature >= 0, "must not be negative"),
             ("num-shards", self.num_shards >= 1, "must be at least 1"),
+            ("max-seconds", self.max_seconds is None or self.max_seconds > 0, "must be positive"),
         ]
         for name, ok, reason in checks:
             if not ok:
@@ -229,13 +233,19 @@ def _generate(
     seed: int,
     stops: list[int],
     progress: Progress,
-) -> list[list[int]]:
+    deadline: float | None = None,
+) -> list[list[int] | None]:
+    """Answers in prompt order; None for the prompts of batches not started because
+    `deadline` (time.monotonic()) had passed, once something was answered."""
     import torch
 
     from dflash_train.data.generation import generate_rows, generate_rows_hf
 
-    answers: list[list[int]] = [[] for _ in prompts]
+    answers: list[list[int] | None] = [None for _ in prompts]
     for number, rows in enumerate(_batches(prompts, config, runner)):
+        late = deadline is not None and time.monotonic() > deadline
+        if late and (number > 0 or progress.tokens > 0):
+            break
         batch = [prompts[i] for i in rows]
         if runner is not None:
             generator = torch.Generator(device=runner.device)
@@ -271,10 +281,15 @@ def _generate(
 
 
 def run_jobs(
-    target: Target, runner: CachedTarget | None, jobs: Sequence[Job], config: PrepareConfig
-) -> list[Sample]:
+    target: Target,
+    runner: CachedTarget | None,
+    jobs: Sequence[Job],
+    config: PrepareConfig,
+    deadline: float | None = None,
+) -> tuple[list[Sample], int]:
     """Make every job's sample, seeded by (seed, turn, batch). Turn r of every conversation
-    is generated together, given its turns < r."""
+    is generated together, given its turns < r. Past `deadline` no new batch starts; jobs
+    left with a turn unanswered are dropped. Returns the samples and how many were."""
     tokenizer = target.tokenizer
     stops = stop_token_ids(target)
     stop_set = set(stops)
@@ -289,6 +304,7 @@ def run_jobs(
                     f"responses keep: conversation {job.prompt_index + 1} has no assistant turn"
                 )
     total = sum(len(b.points) for b in builders.values())
+    unanswered: set[int] = set()
     progress = Progress(0 if keep else total, "prepare")
     try:
         # Turn r of every conversation, of every pass, is generated together: passes only
@@ -301,7 +317,11 @@ def run_jobs(
             for j in jobs
         }
         for rank in range(max(len(b.points) for b in order)):
-            active = [(j, b) for j, b in zip(jobs, order, strict=True) if rank < len(b.points)]
+            active = [
+                (j, b)
+                for j, b in zip(jobs, order, strict=True)
+                if rank < len(b.points) and j.index not in unanswered
+            ]
             if keep:
                 for _, b in active:
                     point = b.points[rank]
@@ -311,8 +331,13 @@ def run_jobs(
             prompts = [b.prompt_ids(b.points[rank]) for _, b in active]
             temps = [temperature[j.index] for j, _ in active]
             seed = config.seed * 1_013 + rank
-            answers = _generate(target, runner, prompts, config, temps, seed, stops, progress)
-            for (_, b), answer in zip(active, answers, strict=True):
+            answers = _generate(
+                target, runner, prompts, config, temps, seed, stops, progress, deadline
+            )
+            for (j, b), answer in zip(active, answers, strict=True):
+                if answer is None:
+                    unanswered.add(j.index)
+                    continue
                 finished = bool(answer) and answer[-1] in stop_set
                 body = answer[:-1] if finished else answer
                 stop = tokenizer.decode(answer[-1:]) if finished else ""
@@ -323,6 +348,8 @@ def run_jobs(
         progress.close()
     samples = []
     for job in jobs:
+        if job.index in unanswered:
+            continue
         b = builders[job.index]
         samples.append(
             Sample(
@@ -334,7 +361,7 @@ def run_jobs(
                 turns_truncated=b.turns_finished.count(False),
             )
         )
-    return samples
+    return samples, len(unanswered)
 
 
 def _load_sources(
@@ -419,7 +446,8 @@ def prepare_dataset(config: PrepareConfig, *, target: Target | None = None) -> d
         conversations.extend(items)
     synthesized = time.monotonic()
     jobs = plan_jobs(conversations, sources, config.samples, config.seed)
-    results = run_jobs(target, runner, jobs, config)
+    deadline = None if config.max_seconds is None else started + config.max_seconds
+    results, unanswered = run_jobs(target, runner, jobs, config, deadline)
     generated = time.monotonic()
     stats = token_stats(results)
     passes = max(job.repeat for job in jobs) + 1
@@ -442,8 +470,15 @@ def prepare_dataset(config: PrepareConfig, *, target: Target | None = None) -> d
         "answer_tokens_per_s": round(
             stats["answer_tokens"] / max(generated - synthesized, 1e-9), 1
         ),
+        # Samples not written because --max-seconds passed before their turn was answered.
+        "unanswered": unanswered,
         "created": time.time(),
     }
+    if unanswered:
+        log.warning(
+            "max-seconds %s passed: %d of %d samples unanswered, not written",
+            config.max_seconds, unanswered, len(jobs),
+        )  # fmt: skip
     write_dataset(results, config.out, info, config.num_shards, extra_files)
     log.info("wrote %d samples (%d tokens) to %s", stats["samples"], stats["tokens"], config.out)
     return info

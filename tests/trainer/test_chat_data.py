@@ -266,6 +266,23 @@ def test_the_graph_ready_step_matches_the_cached_forward(tiny_target: Target) ->
             torch.testing.assert_close(got.context, want.context, atol=1e-5, rtol=1e-4)
 
 
+def test_max_seconds_writes_what_was_answered_in_time(smollm2: Target, tmp_path: Path) -> None:
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Name a color.\nName a fruit.\nName a tree.\nName a bird.\n")
+    # The deadline has passed before the first batch: that one still runs (a dataset is
+    # never empty), no later one starts.
+    out = _prepare(
+        smollm2, tmp_path, str(prompts), max_new_tokens=4, batch_size=1, max_seconds=1e-3
+    )
+    info = json.loads((out / "prepare.json").read_text())
+    assert len(load_dataset_dir(out)) == 1 and info["stats"]["samples"] == 1
+    assert info["unanswered"] == 3 and info["config"]["max_seconds"] == 1e-3
+    with pytest.raises(PrepareError, match=r"^max-seconds: 0 must be positive$"):
+        PrepareConfig(
+            target="smollm2", prompts="builtin", out=tmp_path / "x", max_seconds=0
+        ).validate()
+
+
 def test_the_graph_path_decodes_what_the_eager_path_does(
     smollm2: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
