@@ -193,6 +193,12 @@ class DflashApp(App[None]):
             self.wandb_url = None
         if line.kind == "run_start" and line.get("history") is not True:
             self.log_tail, self.log_tail_run = [], None  # the crash it showed is over
+        history_end = line.kind == "event" and line["code"] == "history_end"
+        # The stream's own times (the box's clock): how long the run was silent before we
+        # attached. Silence is otherwise only counted from the attach, so a trainer that
+        # died before it would read as running for a minute.
+        last = self.state.last_time
+        quiet = self.clock() - last if history_end and last is not None else 0.0
         self.state.apply(line)
         self.seen[line.kind] += 1
         alert = self.alerts.on_line(line)
@@ -203,9 +209,12 @@ class DflashApp(App[None]):
         elif line.kind == "event" and line["code"] == "wandb_run":
             url = line.get("url")
             self.wandb_url = url if isinstance(url, str) and url else None
-        elif line.kind == "event" and line["code"] == "history_end":
+        elif history_end:
             # The whole past is in: draw every pane now rather than at its next turn.
             self.request_redraw()
+            if self.state.run_state == "running" and quiet > self.state.stall_after:
+                self._last_status_check = self.clock()
+                self.check_status()  # the box knows whether its trainer still lives
 
     def _on_gpu_line(self, line: StatusLine) -> None:
         # `gpus --follow` readings fill the pane while no trainer reports its own (they

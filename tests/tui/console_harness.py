@@ -5,6 +5,7 @@ reached the box."""
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -63,15 +64,38 @@ def make_run_dir(root: Path, steps: int = 300) -> Path:
     return run_dir
 
 
+def live_clock(run_dir: Path) -> Callable[[], float]:
+    """time.time, moved so that the console attaches a second after the last line of
+    `run_dir`'s stream and runs on in real time from there: the synthetic streams carry
+    2026-01-01 times, and a run silent for longer than a minute before the attach is one the
+    console asks the box about (whose missing trainer then reads as a crash). Plain
+    time.time where there is no stream yet."""
+    stream = run_dir / "status.jsonl"
+    if not stream.is_file():
+        return time.time
+    with stream.open("rb") as fh:
+        start = max(0, fh.seek(0, 2) - 65536)
+        fh.seek(start)
+        tail = fh.read().splitlines()[1 if start else 0 :]  # not a cut first line
+    times = [json.loads(line)["t"] for line in tail if line.strip()]
+    if not times:
+        return time.time
+    shift = time.time() - (times[-1] + 1.0)
+    return lambda: time.time() - shift
+
+
 def console_app(
     run_dir: Path,
     *,
     read_only: bool = False,
     defaults: Mapping[str, str] | None = None,
     remember: Callable[[str, object], None] | None = None,
-    clock: Callable[[], float] = time.time,
+    clock: Callable[[], float] | None = None,
     theme: str | None = None,
 ) -> tuple[DflashApp, RecordingTransport]:
+    """The app on `run_dir` (its clock a live_clock unless one is given)."""
+    if clock is None:
+        clock = live_clock(run_dir)
     transport = RecordingTransport()
     options = ConsoleOptions(
         target_name="test-box",

@@ -19,7 +19,7 @@ from tests.tui.synthetic_stream import RUN_ID, T0, write_stream
 
 STEPS = 600
 SIZE = (140, 42)
-FROZEN = T0 + 3600.0
+FROZEN = T0 + 340.0  # ten seconds after the stream's last line: a live run
 
 
 @pytest.fixture

@@ -55,6 +55,20 @@ async def test_attach_draws_every_pane(tmp_path: Path) -> None:
         assert transport.mutating() == []
 
 
+async def test_attaching_to_a_run_silent_since_before_shows_its_crash_at_once(
+    tmp_path: Path,
+) -> None:
+    """The stream ends without run_end, its last line is months old (the box's clock) and
+    no trainer holds the run: the box's `status` is asked as the history ends, not after a
+    minute of silence counted from the attach, and says crashed."""
+    import time
+
+    async with attached(make_run_dir(tmp_path), clock=time.time) as (app, pilot, transport):
+        await wait_until(pilot, lambda: "CRASHED" in header_text(app), timeout=20)
+        assert transport.subcommands()[:2] == ["tail", "status"], transport.commands
+        assert transport.mutating() == []
+
+
 async def test_launch_confirm_then_shows_the_failure_reason(tmp_path: Path) -> None:
     # The data dir does not exist: the box's preflight refuses, and says why.
     missing = tmp_path / "no-such-data"

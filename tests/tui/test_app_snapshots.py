@@ -18,7 +18,9 @@ from tests.tui.synthetic_stream import T0, write_stream
 
 STEPS = 3000
 SIZE = (160, 48)
-FROZEN = T0 + 4 * 3600.0
+# Ten seconds after the stream's last line (T0 + 1,530 s): a live run, as a console sees one
+# while its trainer writes (a run silent for longer makes the console ask the box).
+FROZEN = T0 + 1_540.0
 
 
 @pytest.fixture
@@ -89,7 +91,7 @@ def test_main_screen_with_a_long_run(  # type: ignore[no-untyped-def]
         app.request_redraw()
         await pilot.pause(0.3)
 
-    app, _ = console_app(Path("run"), clock=lambda: T0 + 3 * 3600.0)
+    app, _ = console_app(Path("run"), clock=lambda: T0 + 10_040.0)  # last line + 10 s
     try:
         assert snap_compare(app, terminal_size=SIZE, run_before=long_loaded)
     finally:
