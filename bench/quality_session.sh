@@ -18,6 +18,10 @@
 #          held-out prompts x 256 (blocks 16 and 8), result.json, and held-out tau of the
 #          checkpoints in the time left
 #   OUT=/tmp/out bash bench/quality_session.sh carry smoke     # and so on
+# Run 3 (session 5), after the first two parts had travelled with other calls:
+#   SYNTH_OPENERS=32000 SYNTH_FREE=8000 PREP_LIMIT=545 bash bench/quality_session.sh data
+#   TRAIN_END_S=425 EVAL_END_S=530 bash bench/quality_session.sh train
+# (the second `train` call resumes the newest checkpoint; GEN_BATCH=2048 for larger batches)
 # Wheels in .whl15/ (gguf, datasets, dill, multiprocess); results under $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/quality_out}
