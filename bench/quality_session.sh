@@ -250,12 +250,18 @@ stage_train() {
     | sort -n | tail -1 | cut -d' ' -f2-)
   if [ -n "$newest" ]; then resume=(--resume-from "$newest") && start=$((10#${newest##*_})); fi
   local train_s=$((${TRAIN_END_S:-460} - SECONDS))
-  steps=$(python3 -c "print($start + max(50, int(($train_s - 35) / ${STEP_S:-0.145})))")
-  log "train: config c, $run from step $start to $steps in ${train_s}s"
-  SAVE=$(((steps - start) / 8)) train c "$W/data" "$run" "$steps" "$train_s" "${resume[@]}"
+  # STEPS: one schedule over several calls (each stops at TRAIN_END_S with a checkpoint,
+  # the next resumes it); otherwise what fits this call at STEP_S seconds a step.
+  steps=${STEPS:-$(python3 -c "print($start + max(50, int(($train_s - 35) / ${STEP_S:-0.145})))")}
+  log "train: config c ${TRAIN_FLAGS:-}, $run from step $start to $steps in ${train_s}s"
+  # shellcheck disable=SC2086  # TRAIN_FLAGS is a list of flags
+  SAVE=${SAVE:-$(((steps - start) / 8))} train c "$W/data" "$run" "$steps" "$train_s" \
+    "${resume[@]}" ${TRAIN_FLAGS:-}
   log "train rc $?"
   tail -3 "$run.out" | cut -c1-300 >>"$OUT/log.txt"
   cp "$run/status.jsonl" "$OUT/train$n.status.jsonl"
+  grep '"kind": *"step"' "$run/status.jsonl" | tail -1 | cut -c1-600 >>"$OUT/log.txt"
+  [ -n "${NO_MEASURE:-}" ] && return 0  # a later call resumes, trains on and measures
   export_and_measure "$run" "${EVAL_END_S:-560}" "$W"/run*/status.jsonl
 }
 

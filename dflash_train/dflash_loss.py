@@ -74,9 +74,15 @@ def tau_from_slot_acc(acc: Sequence[float]) -> float:
     return tau
 
 
-def _ce_only(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _ce_only(
+    logits: torch.Tensor, labels: torch.Tensor, teacher: torch.Tensor | None, distill: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     lf = logits.float()
-    ce = torch.logsumexp(lf, dim=-1) - lf.gather(1, labels[:, None]).squeeze(1)
+    lse = torch.logsumexp(lf, dim=-1)
+    ce = lse - lf.gather(1, labels[:, None]).squeeze(1)
+    if teacher is not None:
+        soft = lse - (torch.softmax(teacher.float(), dim=-1) * lf).sum(dim=-1)
+        ce = (1.0 - distill) * ce + distill * soft
     return ce, (lf.argmax(dim=-1) == labels).float()
 
 
@@ -95,33 +101,63 @@ def _ce_and_grad(
     return ce, correct, grad.to(logits.dtype)
 
 
-class _Compiled:
-    kernel: Any = None
+def _distill_ce_and_grad(
+    logits: torch.Tensor,
+    teacher: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor,
+    distill: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """_ce_and_grad against the label distribution (1 - d) onehot + d softmax(teacher): the
+    target's own next-token distribution at the label's position, so every row also
+    teaches which other tokens the target found likely (`train --distill d`)."""
+    lf = logits.float()
+    lse = torch.logsumexp(lf, dim=-1)
+    soft = torch.softmax(teacher.float(), dim=-1)
+    hard = lse - lf.gather(1, labels[:, None]).squeeze(1)
+    ce = (1.0 - distill) * hard + distill * (lse - (soft * lf).sum(dim=-1))
+    correct = (lf.argmax(dim=-1) == labels).float()
+    onehot = torch.arange(lf.shape[1], device=lf.device)[None, :] == labels[:, None]
+    wanted = (1.0 - distill) * onehot.float() + distill * soft
+    grad = (torch.exp(lf - lse[:, None]) - wanted) * weights[:, None].float()
+    return ce, correct, grad.to(logits.dtype)
 
 
-def _chunk_kernel(logits: torch.Tensor) -> Any:
+# Eager CE kernel -> its compiled version (or itself, once compiling failed).
+_COMPILED: dict[Any, Any] = {}
+
+
+def _chunk_kernel(logits: torch.Tensor, eager: Any) -> Any:
     if not logits.is_cuda or logits.shape[0] < 2:
-        return _ce_and_grad
-    if _Compiled.kernel is None:
+        return eager
+    if eager not in _COMPILED:
         # Rows dynamic from the start: the number of rows that carry loss changes per step.
-        _Compiled.kernel = torch.compile(_ce_and_grad, dynamic=True, fullgraph=True)
-    return _Compiled.kernel
+        _COMPILED[eager] = torch.compile(eager, dynamic=True, fullgraph=True)
+    return _COMPILED[eager]
 
 
 def _run_chunk(
-    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor,
+    teacher: torch.Tensor | None,
+    distill: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    kernel = _chunk_kernel(logits)
-    if kernel is _ce_and_grad:
-        return kernel(logits, labels, weights)
+    eager: Any = _ce_and_grad if teacher is None else _distill_ce_and_grad
+    args = (logits, labels, weights) if teacher is None else (
+        logits, teacher, labels, weights, distill
+    )  # fmt: skip
+    kernel = _chunk_kernel(logits, eager)
+    if kernel is eager:
+        return kernel(*args)
     try:
-        return kernel(logits, labels, weights)
+        return kernel(*args)
     except Exception as exc:  # no working Triton here: the eager kernel, same numbers
         import logging
 
         logging.getLogger(__name__).warning("compiled CE kernel failed (%r); eager from now", exc)
-        _Compiled.kernel = _ce_and_grad
-        return _ce_and_grad(logits, labels, weights)
+        _COMPILED[eager] = eager
+        return eager(*args)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -129,7 +165,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
     side outputs, in one pass over the logits: each row chunk's logits are made once,
     reduced to the loss terms and turned into the gradient right away (softmax - onehot,
     times w), so nothing is recomputed in backward and full-vocab logits never exist for
-    more than one chunk. Backward only scales the stored gradients."""
+    more than one chunk. Backward only scales the stored gradients. With `teacher` (the
+    target's final hidden states for the same rows) the label is mixed with the target's
+    distribution (_distill_ce_and_grad)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -139,6 +177,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         labels: torch.Tensor,
         row_weights: torch.Tensor,
         chunk: int,
+        teacher: torch.Tensor | None = None,
+        distill: float = 0.0,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         rows = hidden.shape[0]
         need_hidden = ctx.needs_input_grad[0]
@@ -160,10 +200,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
             h = hidden[part]
             y = labels[part]
             logits = h @ w.t()  # bf16 products on the GPU, as lm_head() made them
+            t = None if teacher is None else teacher[part].to(w.dtype) @ w.t()
             if not (need_hidden or need_weight):
-                ce[part], correct[part] = _ce_only(logits, y)
+                ce[part], correct[part] = _ce_only(logits, y, t, distill)
                 continue
-            ce[part], correct[part], grad_logits = _run_chunk(logits, y, row_weights[part])
+            ce[part], correct[part], grad_logits = _run_chunk(
+                logits, y, row_weights[part], t, distill
+            )
             if grad_hidden is not None:
                 grad_hidden[part] = grad_logits @ w
             if grad_weight is not None:
@@ -183,7 +226,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_hidden = stored * grad_total.to(stored.dtype)
         if ctx.need_weight:
             grad_weight = (saved.pop(0) * grad_total).to(ctx.weight_dtype)
-        return grad_hidden, grad_weight, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 def linear_cross_entropy(
@@ -191,10 +234,14 @@ def linear_cross_entropy(
     lm_head: nn.Module,
     labels: torch.Tensor,
     row_weights: torch.Tensor,
+    teacher: torch.Tensor | None = None,
+    distill: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sum of w * CE, per-row CE, per-row correct) for hidden [N, H] through a bias-free
     lm_head. Rows whose weight is zero are dropped before the lm_head (one host sync for
-    their count); their CE and correct read 0."""
+    their count); their CE and correct read 0. `teacher` [N, H]: the target's final
+    hidden state that predicted each label; CE is then against (1 - distill) onehot +
+    distill softmax(teacher @ W^T)."""
     weight = lm_head.weight
     if getattr(lm_head, "bias", None) is not None:
         raise ValueError("lm_head: a bias is not supported by the fused cross-entropy")
@@ -205,11 +252,16 @@ def linear_cross_entropy(
         keep = (row_weights != 0).nonzero().squeeze(1)
     kept = keep.numel()
     chunk = max(1, LOGIT_ELEMENTS_PER_CHUNK // max(int(weight.shape[0]), 1))
+    if teacher is not None:
+        chunk = max(1, chunk // 2)  # the teacher's logits are held beside the drafter's
     if kept == rows:
-        return _LinearCrossEntropy.apply(hidden, weight, labels, row_weights, chunk)
+        return _LinearCrossEntropy.apply(
+            hidden, weight, labels, row_weights, chunk, teacher, distill
+        )
     total, ce_kept, correct_kept = _LinearCrossEntropy.apply(
-        hidden.index_select(0, keep), weight, labels[keep], row_weights[keep], chunk
-    )
+        hidden.index_select(0, keep), weight, labels[keep], row_weights[keep], chunk,
+        None if teacher is None else teacher.index_select(0, keep), distill,
+    )  # fmt: skip
     ce = ce_kept.new_zeros(rows).index_copy_(0, keep, ce_kept)
     correct = correct_kept.new_zeros(rows).index_copy_(0, keep, correct_kept)
     return total, ce, correct
@@ -230,10 +282,15 @@ def dflash_forward_loss(
     loss_mask: torch.Tensor,
     anchors: torch.Tensor,
     valid: torch.Tensor,
+    teacher: torch.Tensor | None = None,
+    distill: float = 0.0,
 ) -> LossOutput:
     """context [B, S, k*H] (target features), input_ids/loss_mask [B, S], anchors/valid
     [B, N] from sample_anchors. All blocks of the batch go through the drafter at once.
-    `drafter` may be wrapped (DDP); its config is read from the unwrapped module."""
+    `drafter` may be wrapped (DDP); its config is read from the unwrapped module.
+    teacher [B, S, H]: the target's final (normed) hidden states; with distill > 0 the
+    label of slot j is mixed with the target's distribution at anchor+j-1, the position
+    whose greedy pick the label is (linear_cross_entropy)."""
     core = drafter
     while not isinstance(core, DFlashDrafter):
         core = getattr(core, "module", None) or core._orig_mod
@@ -258,10 +315,14 @@ def dflash_forward_loss(
     counted = loss_mask.gather(1, positions.view(batch, -1)).view(positions.shape).float()
     counted = counted * inside * valid[:, :, None]
     weights = counted * slot_decay(size, device=counted.device)
+    teacher_rows = None
+    if teacher is not None and distill > 0:
+        before = (positions - 1).view(batch, -1, 1).expand(-1, -1, teacher.shape[-1])
+        teacher_rows = _as_autograd_input(teacher).gather(1, before).reshape(-1, teacher.shape[-1])
 
     weighted_ce, _ce, correct = linear_cross_entropy(
         hidden.reshape(-1, hidden.shape[-1]), target_lm_head, labels.reshape(-1),
-        weights.reshape(-1),
+        weights.reshape(-1), teacher_rows, distill,
     )  # fmt: skip
     correct = correct.view(weights.shape)
     weight_sum = weights.sum()

@@ -83,6 +83,14 @@ class OptimiserOptions:
     )
     weight_decay: float = option("float", 0.01, "AdamW weight decay", minimum=0.0)
     grad_clip: float = option("float", 1.0, "gradient norm clip", above=0.0)
+    distill: float = option(
+        "float",
+        0.0,
+        "share of each label taken from the target's own next-token distribution (0: the "
+        "greedy token alone); runs the target to its last layer",
+        minimum=0.0,
+        maximum=1.0,
+    )
     seed: int = option("int", 0, "seeds weights, batch order, anchors and the pool")
 
 

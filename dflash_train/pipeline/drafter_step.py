@@ -35,6 +35,9 @@ class StepConfig:
     block_size: int
     num_anchors: int
     seed: int
+    # > 0: batch.context carries the target's final hidden states as its last hidden_size
+    # columns (the teacher of dflash_forward_loss), after the drafter's context layers.
+    distill: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -155,16 +158,19 @@ class DrafterStepper:
             anchors, valid = sample_anchors(
                 batch.loss_mask, cfg.num_anchors, cfg.block_size, self._generator
             )
+            context, teacher = self._split(batch.context)
             with self._autocast():
                 out = dflash_forward_loss(
                     self.model,
                     self.embed_tokens,
                     self.lm_head,
-                    batch.context,
+                    context,
                     batch.input_ids,
                     batch.loss_mask,
                     anchors,
                     valid,
+                    teacher,
+                    cfg.distill,
                 )
             out.loss.backward()
         with self.timers.time("optimizer", self.device):
@@ -179,6 +185,12 @@ class DrafterStepper:
             self.optimizer.zero_grad(set_to_none=True)
             self.scheduler.step()
             self._accumulate(loss, grad_norm.float(), bad, out)
+
+    def _split(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.config.distill <= 0:
+            return context, None
+        width = self.drafter.config.hidden_size
+        return context[..., :-width], context[..., -width:]
 
     def _accumulate(
         self, loss: torch.Tensor, grad_norm: torch.Tensor, bad: torch.Tensor, out: Any
@@ -228,7 +240,8 @@ class DrafterStepper:
 
         cfg = self.config
         core = self.drafter
-        width = len(core.config.target_layer_ids) * core.config.hidden_size
+        teachers = 1 if cfg.distill > 0 else 0
+        width = (len(core.config.target_layer_ids) + teachers) * core.config.hidden_size
         vocab = int(self.embed_tokens.weight.shape[0])
         gen = torch.Generator(device=self.device).manual_seed(0)
         start = time.perf_counter()
@@ -239,10 +252,11 @@ class DrafterStepper:
                 rows, length, width, device=self.device, dtype=context_dtype, generator=gen
             )
             anchors, valid = sample_anchors(loss_mask, cfg.num_anchors, cfg.block_size, gen)
+            context, teacher = self._split(context)
             with self._autocast():
                 out = dflash_forward_loss(
                     self.model, self.embed_tokens, self.lm_head, context, ids, loss_mask,
-                    anchors, valid,
+                    anchors, valid, teacher, cfg.distill,
                 )  # fmt: skip
             out.loss.backward()
             self.optimizer.zero_grad(set_to_none=True)

@@ -119,7 +119,7 @@ class TrainingRun:
             self.source = SyncSource(
                 loader,
                 self.targets[0],
-                layer_ids=self.layer_ids,
+                layer_ids=self.feature_layer_ids,
                 drafter_device=self.device,
                 timers=self.timers,
             )
@@ -132,7 +132,7 @@ class TrainingRun:
             self.source = AsyncSource(
                 loader,
                 self.targets,
-                layer_ids=self.layer_ids,
+                layer_ids=self.feature_layer_ids,
                 drafter_device=self.device,
                 timers=self.timers,
                 pool=self.pool,
@@ -213,6 +213,11 @@ class TrainingRun:
         if self.resume_path is not None:
             resume.check_resumed_shape(self, drafter_config)
         self.layer_ids = list(drafter_config.target_layer_ids)
+        # What the target workers extract: the drafter's context layers, then (distillation)
+        # the final layer, whose normed hidden states make the target's own logits.
+        self.feature_layer_ids = self.layer_ids + (
+            [target.num_layers - 1] if optimiser.distill > 0 else []
+        )
         self.drafter = DFlashDrafter(drafter_config, attention_backend=model.attention)
         self.drafter = self.drafter.to(self.device)
         wrapped: Any = self.drafter
@@ -230,6 +235,7 @@ class TrainingRun:
             block_size=model.block_size,
             num_anchors=model.num_anchors,
             seed=optimiser.seed,
+            distill=optimiser.distill,
         )
         self.stepper: DrafterStepper = DrafterStepper(
             wrapped,
@@ -358,7 +364,7 @@ class TrainingRun:
         )  # fmt: skip
         self.compile_report = compile_before_workers(
             targets=self.targets,
-            layer_ids=self.layer_ids,
+            layer_ids=self.feature_layer_ids,
             stepper=self.stepper,
             attention_backend=self.drafter.attention_backend,
             shapes=shapes,

@@ -122,8 +122,13 @@ def _reference_loss(
     loss_mask: torch.Tensor,
     anchors: torch.Tensor,
     shift: int,
+    teacher: torch.Tensor | None = None,
+    distill: float = 0.0,
 ) -> torch.Tensor:
-    """Written out slot by slot: slot j's label is input_ids[anchor + j + shift]."""
+    """Written out slot by slot: slot j's label is input_ids[anchor + j + shift]; with a
+    teacher, the label distribution is (1 - d) onehot(label) + d softmax(head(teacher at
+    the label's position - 1))."""
+    _, head = frozen_head()
     logits = _block_logits(drafter, context, input_ids.gather(1, anchors), anchors)
     decay = slot_decay(SIZE)
     total, weight_sum = torch.zeros(()), torch.zeros(())
@@ -132,7 +137,11 @@ def _reference_loss(
             for j in range(1, SIZE):
                 position = anchor + j + shift
                 weight = decay[j - 1] * loss_mask[b, position]
-                ce = F.cross_entropy(logits[b, i, j][None], input_ids[b, position][None])
+                wanted = F.one_hot(input_ids[b, position], VOCAB).float()
+                if teacher is not None:
+                    soft = head(teacher[b, position - 1]).softmax(-1)
+                    wanted = (1 - distill) * wanted + distill * soft
+                ce = -(wanted * logits[b, i, j].log_softmax(-1)).sum()
                 total = total + weight * ce
                 weight_sum = weight_sum + weight
     return total / weight_sum
@@ -272,3 +281,43 @@ def test_gradients_never_reach_the_target(tiny_target: Target) -> None:
     assert all(p.grad is None and not p.requires_grad for p in tiny_target.model.parameters())
     assert drafter.fc.weight.grad is not None and drafter.mask_embedding.grad is not None
     assert torch.isfinite(out.loss)
+
+
+@pytest.mark.parametrize("distill", [0.3, 1.0])
+def test_distillation_mixes_the_targets_distribution_at_the_labels_position(
+    distill: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """train --distill: the fused loss and its gradients equal the loss written out with the
+    target's distribution one position before each label, in chunks as in one piece."""
+    embed, head = frozen_head()
+    input_ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(11))
+    loss_mask = torch.ones_like(input_ids)
+    loss_mask[0, 13:] = 0
+    anchors, valid = sample_anchors(loss_mask, 3, SIZE, torch.Generator().manual_seed(4))
+    context = random_context(2, 16)
+    teacher = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(5)) * 3
+    want_drafter = tiny_drafter()
+    want = _reference_loss(
+        want_drafter, context, input_ids, loss_mask, anchors, 0, teacher, distill
+    )
+    want.backward()
+    for chunk_elements in (1 << 27, VOCAB * 8):  # one chunk; chunks of 4 rows (halved)
+        monkeypatch.setattr(dflash_loss, "LOGIT_ELEMENTS_PER_CHUNK", chunk_elements)
+        drafter = tiny_drafter()
+        out = dflash_forward_loss(
+            drafter, embed, head, context, input_ids, loss_mask, anchors, valid, teacher, distill
+        )
+        out.loss.backward()
+        torch.testing.assert_close(out.loss, want)
+        for name, param in drafter.named_parameters():
+            torch.testing.assert_close(
+                param.grad, dict(want_drafter.named_parameters())[name].grad, msg=name
+            )
+    plain = dflash_forward_loss(
+        tiny_drafter(), embed, head, context, input_ids, loss_mask, anchors, valid
+    )
+    assert not torch.allclose(plain.loss, want)  # the teacher changed the objective
+    off = dflash_forward_loss(
+        tiny_drafter(), embed, head, context, input_ids, loss_mask, anchors, valid, teacher, 0.0
+    )
+    assert torch.equal(off.loss, plain.loss)  # distill 0: the teacher is not read

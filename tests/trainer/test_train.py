@@ -3,6 +3,7 @@ writes, checkpoints, export, W&B offline figures, startup errors and argument er
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 from pathlib import Path
@@ -150,7 +151,33 @@ def test_bad_arguments_are_refused_in_one_line(tmp_path: Path, prepared_data_dir
     ]
     done = run_train([*base, "--drafter-gpus", "gpu0"], timeout=60)
     assert done.returncode == 2 and "'gpu0' is not a device" in done.stderr
+    done = run_train([*base, "--distill", "1.5"], timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "dflash-train train: distill (--distill): 1.5 is out of range 0..1"
+    ]
     assert not (run_dir / "status.jsonl").exists()
+
+
+def test_distilled_run_feeds_the_targets_last_layer_to_the_loss(
+    tmp_path: Path, prepared_data_dir: Path, smollm2_spec: str
+) -> None:
+    """--distill: the target's final layer is extracted beside the context layers, the
+    drafter still gets only its own, and the loss reads the target's logits."""
+    run_dir = tmp_path / "run"
+    common = ("--pipeline", "sync", "--max-steps", "2", "--save-every", "100", "--seed", "3")
+    plain = train_argv(smollm2_spec, prepared_data_dir, tmp_path / "plain", *common)
+    distilled = train_argv(smollm2_spec, prepared_data_dir, run_dir, *common, "--distill", "0.5")
+    for argv in (plain, distilled):
+        done = run_train(argv)
+        assert done.returncode == 0, done.stderr[-3000:]
+    lines = status_lines(run_dir)
+    assert lines[0]["config"]["distill"] == 0.5 and lines[-1]["reason"] == "completed"
+    base = losses_by_step(status_lines(tmp_path / "plain"))
+    got = losses_by_step(lines)
+    assert sorted(got) == sorted(base) == [1, 2]
+    # Same weights, batches and anchors (sync pipeline, same seed): only the labels differ.
+    assert got[1] != base[1] and all(math.isfinite(v) for v in got.values())
 
 
 def test_non_finite_steps_stop_the_run_and_keep_the_last_good_checkpoint(
