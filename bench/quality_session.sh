@@ -73,6 +73,44 @@ train() {  # train NAME DATA RUN_DIR STEPS TIMEOUT [extra flags...]
     --keep-checkpoints 100 --log-every 10 --seed 0 "$@" >"$run.out" 2>&1
 }
 
+stage_distill_smoke() {  # random SmolLM2 weights: config c's step time with and without --distill
+  TARGET=/tmp/rand-smollm2
+  python3 bench/quality/random_smollm2.py "$TARGET" || return 1
+  cmd $DT prepare --target-model "$TARGET" "${SMOKE_PROMPTS[@]}" \
+    --batch-size 1024 --device "$DEV" --out "$W/smoke_data" --overwrite >"$W/smoke_prepare.json" 2>"$W/smoke_prepare.err"
+  local n
+  for n in plain distill; do
+    rm -rf "$W/smoke_$n"
+    if [ $n = distill ]; then train c "$W/smoke_data" "$W/smoke_$n" 80 120 --distill 0.5
+    else train c "$W/smoke_data" "$W/smoke_$n" 80 120; fi
+    log "smoke $n rc $?"
+    tail -2 "$W/smoke_$n.out" | cut -c1-300 >>"$OUT/log.txt"
+    cp "$W/smoke_$n/status.jsonl" "$OUT/smoke_$n.status.jsonl" 2>/dev/null
+  done
+  python3 - "$W" <<'EOF' | tee "$OUT/distill_smoke.json" | tee -a "$OUT/log.txt"
+import json, sys
+w = sys.argv[1]
+out = {}
+for n in ("plain", "distill"):
+    lines = [json.loads(l) for l in open(f"{w}/smoke_{n}/status.jsonl")]
+    steps = [s for s in lines if s.get("kind") == "step" and s["step"] > 20]
+    span = (steps[-1]["t"] - steps[0]["t"], steps[-1]["step"] - steps[0]["step"]) if steps else (0, 0)
+    out[n] = {
+        "step_s": round(span[0] / span[1], 4) if span[1] else None,
+        "last": {k: steps[-1].get(k) for k in ("step", "loss", "ktok_s")} if steps else None,
+        "end": [l.get("reason") for l in lines if l.get("kind") == "run_end"],
+    }
+print(json.dumps(out))
+EOF
+}
+
+stage_decode_check() {  # captured == uncaptured decode steps (random weights)
+  python3 bench/quality/random_smollm2.py /tmp/rand-smollm2 || return 1
+  timeout -k 5 120 python3 bench/decode_speed.py --target-model /tmp/rand-smollm2 --device "$DEV" \
+    --check >"$OUT/decode_check.json" 2>>"$OUT/log.txt"
+  log "decode check rc $?: $(cut -c1-300 "$OUT/decode_check.json")"
+}
+
 stage_carry() {  # whichever parts this call carried join the earlier calls' in /tmp/gguf
   mkdir -p /tmp/gguf && cp .weights15/p3/part-* /tmp/gguf/ && log "in /tmp/gguf: $(ls /tmp/gguf | xargs)"
 }

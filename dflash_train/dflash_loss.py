@@ -81,9 +81,14 @@ def _ce_only(
     lse = torch.logsumexp(lf, dim=-1)
     ce = lse - lf.gather(1, labels[:, None]).squeeze(1)
     if teacher is not None:
-        soft = lse - (torch.softmax(teacher.float(), dim=-1) * lf).sum(dim=-1)
-        ce = (1.0 - distill) * ce + distill * soft
+        ce = (1.0 - distill) * ce + distill * _kl(lf, lse, teacher.float())
     return ce, (lf.argmax(dim=-1) == labels).float()
+
+
+def _kl(lf: torch.Tensor, lse: torch.Tensor, tf: torch.Tensor) -> torch.Tensor:
+    """KL(softmax(tf) || softmax(lf)) per row: the soft term's cross-entropy less the
+    target's entropy, so a distilled run's loss still falls towards 0 (same gradient)."""
+    return (torch.softmax(tf, dim=-1) * (tf - lf)).sum(dim=-1) - torch.logsumexp(tf, dim=-1) + lse
 
 
 def _ce_and_grad(
@@ -110,12 +115,14 @@ def _distill_ce_and_grad(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """_ce_and_grad against the label distribution (1 - d) onehot + d softmax(teacher): the
     target's own next-token distribution at the label's position, so every row also
-    teaches which other tokens the target found likely (`train --distill d`)."""
+    teaches which other tokens the target found likely (`train --distill d`). The loss
+    reads (1 - d) CE + d KL."""
     lf = logits.float()
+    tf = teacher.float()
     lse = torch.logsumexp(lf, dim=-1)
-    soft = torch.softmax(teacher.float(), dim=-1)
+    soft = torch.softmax(tf, dim=-1)
     hard = lse - lf.gather(1, labels[:, None]).squeeze(1)
-    ce = (1.0 - distill) * hard + distill * (lse - (soft * lf).sum(dim=-1))
+    ce = (1.0 - distill) * hard + distill * _kl(lf, lse, tf)
     correct = (lf.argmax(dim=-1) == labels).float()
     onehot = torch.arange(lf.shape[1], device=lf.device)[None, :] == labels[:, None]
     wanted = (1.0 - distill) * onehot.float() + distill * soft
@@ -241,7 +248,7 @@ def linear_cross_entropy(
     lm_head. Rows whose weight is zero are dropped before the lm_head (one host sync for
     their count); their CE and correct read 0. `teacher` [N, H]: the target's final
     hidden state that predicted each label; CE is then against (1 - distill) onehot +
-    distill softmax(teacher @ W^T)."""
+    distill softmax(teacher @ W^T), and the loss reads (1 - distill) CE + distill KL."""
     weight = lm_head.weight
     if getattr(lm_head, "bias", None) is not None:
         raise ValueError("lm_head: a bias is not supported by the fused cross-entropy")

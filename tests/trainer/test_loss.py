@@ -126,8 +126,8 @@ def _reference_loss(
     distill: float = 0.0,
 ) -> torch.Tensor:
     """Written out slot by slot: slot j's label is input_ids[anchor + j + shift]; with a
-    teacher, the label distribution is (1 - d) onehot(label) + d softmax(head(teacher at
-    the label's position - 1))."""
+    teacher, (1 - d) CE + d KL(p || drafter) with p = softmax(head(teacher at the label's
+    position - 1))."""
     _, head = frozen_head()
     logits = _block_logits(drafter, context, input_ids.gather(1, anchors), anchors)
     decay = slot_decay(SIZE)
@@ -137,11 +137,13 @@ def _reference_loss(
             for j in range(1, SIZE):
                 position = anchor + j + shift
                 weight = decay[j - 1] * loss_mask[b, position]
-                wanted = F.one_hot(input_ids[b, position], VOCAB).float()
+                ce = F.cross_entropy(logits[b, i, j][None], input_ids[b, position][None])
                 if teacher is not None:
-                    soft = head(teacher[b, position - 1]).softmax(-1)
-                    wanted = (1 - distill) * wanted + distill * soft
-                ce = -(wanted * logits[b, i, j].log_softmax(-1)).sum()
+                    p = head(teacher[b, position - 1]).log_softmax(-1)
+                    kl = F.kl_div(
+                        logits[b, i, j].log_softmax(-1), p, log_target=True, reduction="sum"
+                    )
+                    ce = (1 - distill) * ce + distill * kl
                 total = total + weight * ce
                 weight_sum = weight_sum + weight
     return total / weight_sum
