@@ -81,8 +81,8 @@ stage_distill_smoke() {  # random SmolLM2 weights: config c's step time with and
   local n
   for n in plain distill; do
     rm -rf "$W/smoke_$n"
-    if [ $n = distill ]; then train c "$W/smoke_data" "$W/smoke_$n" 80 120 --distill 0.5
-    else train c "$W/smoke_data" "$W/smoke_$n" 80 120; fi
+    if [ $n = distill ]; then train c "$W/smoke_data" "$W/smoke_$n" 60 90 --distill 0.5
+    else train c "$W/smoke_data" "$W/smoke_$n" 60 90; fi
     log "smoke $n rc $?"
     tail -2 "$W/smoke_$n.out" | cut -c1-300 >>"$OUT/log.txt"
     cp "$W/smoke_$n/status.jsonl" "$OUT/smoke_$n.status.jsonl" 2>/dev/null
