@@ -22,6 +22,11 @@
 #   SYNTH_OPENERS=32000 SYNTH_FREE=8000 PREP_LIMIT=545 bash bench/quality_session.sh data
 #   TRAIN_END_S=425 EVAL_END_S=530 bash bench/quality_session.sh train
 # (the second `train` call resumes the newest checkpoint; GEN_BATCH=2048 for larger batches)
+# Run 4 (session 6), one GGUF part a call (calls 1-3):
+#   bash bench/quality_session.sh carry distill_smoke       # then `carry` alone
+#   SYNTH_OPENERS=52000 SYNTH_FREE=10000 GEN_BATCH=2048 PREP_LIMIT=475 bash bench/quality_session.sh data
+#   STEPS=5000 TRAIN_FLAGS="--distill 0.5" NO_MEASURE=1 TRAIN_END_S=555 bash bench/quality_session.sh train
+#   STEPS=5000 TRAIN_FLAGS="--distill 0.5" TRAIN_END_S=375 EVAL_END_S=500 bash bench/quality_session.sh train
 # Wheels in .whl15/ (gguf, datasets, dill, multiprocess); results under $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/quality_out}
