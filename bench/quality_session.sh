@@ -27,6 +27,9 @@
 #   SYNTH_OPENERS=52000 SYNTH_FREE=10000 GEN_BATCH=2048 PREP_LIMIT=475 bash bench/quality_session.sh data
 #   STEPS=5000 TRAIN_FLAGS="--distill 0.5" NO_MEASURE=1 TRAIN_END_S=555 bash bench/quality_session.sh train
 #   STEPS=5000 TRAIN_FLAGS="--distill 0.5" TRAIN_END_S=375 EVAL_END_S=500 bash bench/quality_session.sh train
+# A same-data A/B of the training signal after a `data` call (configs side by side on one GPU,
+# one schedule each, cut at the same wall time, then held-out tau of each newest checkpoint):
+#   SWEEP="c d e" STEPS=2000 SWEEP_END_S=520 bash bench/quality_session.sh sweep
 # Wheels in .whl15/ (gguf, datasets, dill, multiprocess); results under $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/quality_out}
@@ -49,33 +52,36 @@ DT="python3 -m dflash_train"
 DEV=${DEV:-cuda:0}
 GPUS=${DEV#cuda:}
 
-# name layers context-layers lr anchors tokens-per-batch
+# name layers context-layers lr anchors tokens-per-batch [train flags...]; `sweep` trains
+# the ones SWEEP names (default a b c) side by side on the same data
 CONFIGS=(
   "a 2 2 3e-3 64 32768"
   "b 1 5 3e-3 64 32768"
   "c 2 2 1e-3 64 32768"
+  "d 2 2 1e-3 64 32768 --distill 0.5"
+  "e 2 2 1e-3 64 32768 --distill 0.9"
 )
 SMOKE_PROMPTS=(--prompts 'builtin*2' --max-new-tokens 256)
 SWEEP_PROMPTS=()  # sized from the smoke run's generation rate in stage_sweep
 EVAL_ARGS=(--max-prompts 40 --max-new-tokens 256)
 if [ -n "${DRY:-}" ]; then  # a CPU run of the plumbing: tiny batches, a handful of prompts
-  CONFIGS=("a 1 1 3e-3 4 512" "b 1 2 3e-3 4 512" "c 1 1 1e-3 4 512")
+  CONFIGS=("a 1 1 3e-3 4 512" "b 1 2 3e-3 4 512" "c 1 1 1e-3 4 512" "d 1 1 1e-3 4 512 --distill 0.5")
   SMOKE_PROMPTS=(--prompts builtin --samples 8 --max-new-tokens 24)
   SWEEP_PROMPTS=(--prompts synth:4 --prompts synth:3@builtin --prompts builtin --samples 12 --max-new-tokens 24)
   EVAL_ARGS=(--max-prompts 2 --max-new-tokens 16)
 fi
 train() {  # train NAME DATA RUN_DIR STEPS TIMEOUT [extra flags...]
-  local name=$1 data=$2 run=$3 steps=$4 limit=$5 c line=""
+  local name=$1 data=$2 run=$3 steps=$4 limit=$5 c line="" flags
   shift 5
   for c in "${CONFIGS[@]}"; do [ "${c%% *}" = "$name" ] && line=$c; done
   [ -n "$line" ] || { log "no config $name"; return 2; }
-  read -r _ layers ctx lr anchors tpb <<<"$line"
+  read -r _ layers ctx lr anchors tpb flags <<<"$line"
   cmd timeout -k 20 "$limit" $DT train --target-model "$TARGET" --data-dir "$data" \
     --output-dir "$run" --target-gpus "$GPUS" --drafter-gpus "$GPUS" \
     --draft-layers "$layers" --target-layers "$ctx" --block-size 16 \
     --num-anchors "$anchors" --tokens-per-batch "$tpb" --max-length 1024 --lr "$lr" \
     --warmup-ratio 0.04 --epochs 1000 --max-steps "$steps" --save-every "${SAVE:-200}" \
-    --keep-checkpoints 100 --log-every 10 --seed 0 "$@" >"$run.out" 2>&1
+    --keep-checkpoints 100 --log-every 10 --seed 0 $flags "$@" >"$run.out" 2>&1
 }
 
 stage_distill_smoke() {  # random SmolLM2 weights: config c's step time with and without --distill
@@ -219,11 +225,12 @@ stage_sweep() {
   fi
   python3 -c "import json;d=json.load(open('$W/prepare.json'));print(json.dumps({k:d.get(k) for k in ('ok','stats','seconds','answer_tokens_per_s','error')}))" | tee -a "$OUT/log.txt"
   python3 bench/quality/ngram_baseline.py "$W/data" >"$W/ngram.json" 2>>"$OUT/log.txt" &
-  local left=$((${SWEEP_END_S:-510} - SECONDS)) n steps pids=()
+  local left=$((${SWEEP_END_S:-510} - SECONDS)) n steps pids=() names
+  read -r -a names <<<"${SWEEP:-a b c}"
   [ $left -ge 90 ] || left=90
-  for c in "${CONFIGS[@]}"; do
-    n=${c%% *}
-    steps=$(python3 -c "import json;d=json.load(open('$W/smoke.json'))['side_by_side_step_s'];print(max(100,int(($left-45)/(${STEP_SLOWDOWN:-1.5}*(d.get('$n') or 0.3)))))" 2>/dev/null || echo 800)
+  for n in "${names[@]}"; do
+    # STEPS: the same schedule for every config (each is cut at the same wall time)
+    steps=${STEPS:-$(python3 -c "import json;d=json.load(open('$W/smoke.json'))['side_by_side_step_s'];print(max(100,int(($left-45)/(${STEP_SLOWDOWN:-1.5}*(d.get('$n') or 0.3)))))" 2>/dev/null || echo 800)}
     rm -rf "$W/sweep_$n"
     log "sweep $n: $steps steps in ${left}s"
     SAVE=$((steps / 4)) train "$n" "$W/data" "$W/sweep_$n" "$steps" "$left" &
@@ -231,8 +238,7 @@ stage_sweep() {
   done
   wait "${pids[@]}"
   pids=()
-  for c in "${CONFIGS[@]}"; do
-    n=${c%% *}
+  for n in "${names[@]}"; do
     grep '"kind": *"step"' "$W/sweep_$n/status.jsonl" | tail -1 | cut -c1-500 >>"$OUT/log.txt"
     cp "$W/sweep_$n/status.jsonl" "$OUT/sweep_$n.status.jsonl" 2>/dev/null
     timeout -k 5 60 python3 bench/quality/curve.py "$W/sweep_$n" --target-model smollm2 \
@@ -240,18 +246,18 @@ stage_sweep() {
     pids+=($!)
   done
   wait "${pids[@]}"
-  python3 - "$W" <<'EOF' | tee "$OUT/sweep.json" | tee -a "$OUT/log.txt"
+  python3 - "$W" "${names[@]}" <<'EOF' | tee "$OUT/sweep.json" | tee -a "$OUT/log.txt"
 import json, sys
 w = sys.argv[1]
 out = {}
-for n in "abc":
+for n in sys.argv[2:]:
     try:
         points = json.loads(open(f"{w}/sweep_{n}.curve.json").read().strip().splitlines()[-1])["points"]
         out[n] = points[-1]
     except (OSError, ValueError, IndexError, KeyError):
         out[n] = None
 scored = {n: p["tau"] for n, p in out.items() if p}
-out["best"] = max(scored, key=scored.get) if scored else "a"
+out["best"] = max(scored, key=scored.get) if scored else sys.argv[2]
 json.dump(out, open(f"{w}/sweep.json", "w"))
 print(json.dumps(out))
 EOF
