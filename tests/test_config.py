@@ -128,7 +128,7 @@ def test_print_config_resolves_a_file_without_torch(tmp_path: Path) -> None:
     printed = json.loads(done.stdout)
     assert printed["config"]["optimiser"] == {
         "epochs": 3, "max_steps": None, "lr": 1e-3, "warmup_ratio": 0.1, "weight_decay": 0.01,
-        "grad_clip": 1.0, "seed": 7,
+        "grad_clip": 1.0, "distill": 0.0, "seed": 7,
     }  # fmt: skip
     assert printed["config"]["pipeline"]["target_gpus"] == ["cuda:0", "cuda:1"]
     assert printed["sources"]["seed"] == "cli" and printed["sources"]["lr"] == f"file:{toml}"
