@@ -6,29 +6,40 @@ from __future__ import annotations
 import math
 import os
 import signal
+import subprocess
 from pathlib import Path
 
+import pytest
 from train_process import losses_by_step, run_train, start_train, status_lines, train_argv, wait_for
 
 from dflash_train.rundir import lock_is_held
 
+SYNC_ARGS = ("--pipeline", "sync", "--max-steps", "4")
 
-def test_sync_run_writes_the_stream_checkpoints_and_wandb(
-    tmp_path: Path, prepared_data_dir: Path, smollm2_spec: str
-) -> None:
-    run_dir = tmp_path / "run"
+
+@pytest.fixture(scope="module")
+def sync_run(
+    tmp_path_factory: pytest.TempPathFactory, prepared_data_dir: Path, smollm2_spec: str
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One plain sync run, read by the stream test and the distillation test's comparison."""
+    run_dir = tmp_path_factory.mktemp("sync") / "run"
     argv = train_argv(
         smollm2_spec,
         prepared_data_dir,
         run_dir,
-        "--pipeline", "sync",
-        "--max-steps", "4",
+        *SYNC_ARGS,
         "--save-every", "2",
         "--keep-checkpoints", "1",
         "--run-id", "syncrun",
         "--wandb-project", "dflash-test",
     )  # fmt: skip
-    done = run_train(argv, WANDB_API_KEY_UNUSED="1")
+    return run_dir, run_train(argv, WANDB_API_KEY_UNUSED="1")
+
+
+def test_sync_run_writes_the_stream_checkpoints_and_wandb(
+    sync_run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    run_dir, done = sync_run
     assert done.returncode == 0, done.stderr[-3000:]
     assert "samples loaded" in done.stderr
     assert "Batches per epoch:" in done.stderr
@@ -160,23 +171,24 @@ def test_bad_arguments_are_refused_in_one_line(tmp_path: Path, prepared_data_dir
 
 
 def test_distilled_run_feeds_the_targets_last_layer_to_the_loss(
-    tmp_path: Path, prepared_data_dir: Path, smollm2_spec: str
+    tmp_path: Path,
+    prepared_data_dir: Path,
+    smollm2_spec: str,
+    sync_run: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:
     """--distill: the target's final layer is extracted beside the context layers, the
     drafter still gets only its own, and the loss reads the target's logits."""
     run_dir = tmp_path / "run"
-    common = ("--pipeline", "sync", "--max-steps", "2", "--save-every", "100", "--seed", "3")
-    plain = train_argv(smollm2_spec, prepared_data_dir, tmp_path / "plain", *common)
-    distilled = train_argv(smollm2_spec, prepared_data_dir, run_dir, *common, "--distill", "0.5")
-    for argv in (plain, distilled):
-        done = run_train(argv)
-        assert done.returncode == 0, done.stderr[-3000:]
+    argv = train_argv(smollm2_spec, prepared_data_dir, run_dir, *SYNC_ARGS, "--distill", "0.5")
+    done = run_train(argv)
+    assert done.returncode == 0, done.stderr[-3000:]
     lines = status_lines(run_dir)
     assert lines[0]["config"]["distill"] == 0.5 and lines[-1]["reason"] == "completed"
-    base = losses_by_step(status_lines(tmp_path / "plain"))
+    base = losses_by_step(status_lines(sync_run[0]))
     got = losses_by_step(lines)
-    assert sorted(got) == sorted(base) == [1, 2]
-    # Same weights, batches and anchors (sync pipeline, same seed): only the labels differ.
+    assert sorted(got) == sorted(base) == [1, 2, 3, 4]
+    # Step 1 of both: the same weights, batch and anchors (sync pipeline, same seed), so
+    # only the labels differ.
     assert got[1] != base[1] and all(math.isfinite(v) for v in got.values())
 
 
