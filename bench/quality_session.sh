@@ -100,26 +100,20 @@ stage_distill_smoke() {  # random SmolLM2 weights: config c's step time with and
   done
   python3 - "$W" <<'EOF' | tee "$OUT/distill_smoke.json" | tee -a "$OUT/log.txt"
 import json, sys
+sys.path.insert(0, "bench/quality")
+from step_time import run_ends, step_lines, step_seconds
 w = sys.argv[1]
 out = {}
 for n in ("plain", "distill"):
-    lines = [json.loads(l) for l in open(f"{w}/smoke_{n}/status.jsonl")]
-    steps = [s for s in lines if s.get("kind") == "step" and s["step"] > 20]
-    span = (steps[-1]["t"] - steps[0]["t"], steps[-1]["step"] - steps[0]["step"]) if steps else (0, 0)
+    run = f"{w}/smoke_{n}"
+    steps = step_lines(run)
     out[n] = {
-        "step_s": round(span[0] / span[1], 4) if span[1] else None,
+        "step_s": step_seconds(run),
         "last": {k: steps[-1].get(k) for k in ("step", "loss", "ktok_s")} if steps else None,
-        "end": [l.get("reason") for l in lines if l.get("kind") == "run_end"],
+        "end": run_ends(run),
     }
 print(json.dumps(out))
 EOF
-}
-
-stage_decode_check() {  # captured == uncaptured decode steps (random weights)
-  python3 bench/quality/random_smollm2.py /tmp/rand-smollm2 || return 1
-  timeout -k 5 120 python3 bench/decode_speed.py --target-model /tmp/rand-smollm2 --device "$DEV" \
-    --check >"$OUT/decode_check.json" 2>>"$OUT/log.txt"
-  log "decode check rc $?: $(cut -c1-300 "$OUT/decode_check.json")"
 }
 
 stage_carry() {  # whichever parts this call carried join the earlier calls' in /tmp/gguf
@@ -128,15 +122,7 @@ stage_carry() {  # whichever parts this call carried join the earlier calls' in 
 
 stage_smoke() {
   TARGET=/tmp/rand-smollm2
-  python3 - <<'EOF' || return 1
-import shutil, torch
-from transformers import AutoConfig, AutoModelForCausalLM
-config = AutoConfig.from_pretrained(".weights15/smollm2-shape")
-torch.manual_seed(0)
-AutoModelForCausalLM.from_config(config).save_pretrained("/tmp/rand-smollm2")
-for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-    shutil.copy(f".weights15/smollm2-shape/{name}", "/tmp/rand-smollm2/")
-EOF
+  python3 bench/quality/random_smollm2.py "$TARGET" || return 1
   cmd $DT prepare --target-model "$TARGET" "${SMOKE_PROMPTS[@]}" \
     --batch-size 1024 --device "$DEV" --out "$W/smoke_data" --overwrite >"$W/smoke_prepare.json" 2>"$W/smoke_prepare.err"
   tail -c 300 "$W/smoke_prepare.err" | tr '\r' '\n' | tail -2 >>"$OUT/log.txt"
@@ -152,14 +138,10 @@ EOF
   train a "$W/smoke_data" "$W/smoke_solo" 50 100
   python3 - "$W" <<'EOF' | tee "$OUT/smoke.json" | tee -a "$OUT/log.txt"
 import json, sys
+sys.path.insert(0, "bench/quality")
+from step_time import step_seconds as step_s
 w = sys.argv[1]
 prep = json.load(open(f"{w}/smoke_prepare.json"))
-def step_s(run):
-    steps = [json.loads(l) for l in open(f"{run}/status.jsonl") if '"step"' in l]
-    steps = [s for s in steps if s.get("kind") == "step" and s["step"] > 20]
-    if len(steps) < 2:
-        return None
-    return round((steps[-1]["t"] - steps[0]["t"]) / (steps[-1]["step"] - steps[0]["step"]), 4)
 out = {"answer_tokens_per_s": prep.get("answer_tokens_per_s"),
        "side_by_side_step_s": {n: step_s(f"{w}/smoke_{n}") for n in "abc"},
        "solo_step_s_a": step_s(f"{w}/smoke_solo")}

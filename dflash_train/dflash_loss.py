@@ -108,9 +108,9 @@ def _ce_and_grad(
 
 def _distill_ce_and_grad(
     logits: torch.Tensor,
-    teacher: torch.Tensor,
     labels: torch.Tensor,
     weights: torch.Tensor,
+    teacher: torch.Tensor,
     distill: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """_ce_and_grad against the label distribution (1 - d) onehot + d softmax(teacher): the
@@ -151,9 +151,7 @@ def _run_chunk(
     distill: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     eager: Any = _ce_and_grad if teacher is None else _distill_ce_and_grad
-    args = (logits, labels, weights) if teacher is None else (
-        logits, teacher, labels, weights, distill
-    )  # fmt: skip
+    args = (logits, labels, weights) + (() if teacher is None else (teacher, distill))
     kernel = _chunk_kernel(logits, eager)
     if kernel is eager:
         return kernel(*args)

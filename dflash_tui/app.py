@@ -213,8 +213,7 @@ class DflashApp(App[None]):
             # The whole past is in: draw every pane now rather than at its next turn.
             self.request_redraw()
             if self.state.run_state == "running" and quiet > self.state.stall_after:
-                self._last_status_check = self.clock()
-                self.check_status()  # the box knows whether its trainer still lives
+                self._check_status_now(self.clock())  # does its trainer still live?
 
     def _on_gpu_line(self, line: StatusLine) -> None:
         # `gpus --follow` readings fill the pane while no trainer reports its own (they
@@ -504,5 +503,10 @@ class DflashApp(App[None]):
             return
         if now - self._last_status_check < STATUS_EVERY_S:
             return
+        self._check_status_now(now)
+
+    def _check_status_now(self, now: float) -> None:
+        """Ask the box for `status` (whether the trainer lives), at most every STATUS_EVERY_S
+        from maybe_check_status."""
         self._last_status_check = now
         self.check_status()

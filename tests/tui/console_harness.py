@@ -14,6 +14,7 @@ from pathlib import Path
 from textual.pilot import Pilot
 from textual.widgets import Button
 
+from dflash_train.control.logs import last_lines
 from dflash_tui.app import ConsoleOptions, DflashApp
 from dflash_tui.sources.transport import CommandResult, LocalTransport
 from tests.tui.synthetic_stream import write_stream
@@ -73,14 +74,10 @@ def live_clock(run_dir: Path) -> Callable[[], float]:
     stream = run_dir / "status.jsonl"
     if not stream.is_file():
         return time.time
-    with stream.open("rb") as fh:
-        start = max(0, fh.seek(0, 2) - 65536)
-        fh.seek(start)
-        tail = fh.read().splitlines()[1 if start else 0 :]  # not a cut first line
-    times = [json.loads(line)["t"] for line in tail if line.strip()]
-    if not times:
+    tail, _ = last_lines(stream, 1, max_bytes=1 << 20)
+    if not tail:
         return time.time
-    shift = time.time() - (times[-1] + 1.0)
+    shift = time.time() - (json.loads(tail[0])["t"] + 1.0)
     return lambda: time.time() - shift
 
 
