@@ -18,6 +18,7 @@ from dflash_tui.screens.reply import ReplyDialog
 from tests.reliability import box
 from tests.reliability.conftest import PASSPHRASE, WANDB_SECRET, LiveRun
 from tests.reliability.console_side import BOX_PYTHON, ssh_transport
+from tests.tui.console_harness import wait_until
 
 SECRETS = (WANDB_SECRET.encode(), PASSPHRASE.encode())
 # A leak would rarely be verbatim only: look for telling fragments too.
@@ -78,7 +79,8 @@ async def test_secrets_never_written_or_shown(
             assert time.monotonic() < deadline, "the console never showed the run"
             await pilot.pause(0.1)
         app.push_screen(ReplyDialog(live_run.launch_reply))
-        await pilot.pause(0.5)
+        run_id = live_run.launch_reply.data["run_id"]
+        await wait_until(pilot, lambda: run_id in app.export_screenshot())
         svg = app.export_screenshot()
     (tmp_path / "console.svg").write_text(svg)
     assert live_run.launch_reply.data["run_id"] in svg  # the run and the reply were drawn

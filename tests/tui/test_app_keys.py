@@ -245,9 +245,9 @@ async def test_loss_log_scale_and_smoothing_toggles(tmp_path: Path) -> None:
         loss = app.screen.query_one(LossPane)
         await pilot.press("g")
         await pilot.press("s")
-        await pilot.pause(0.3)
         assert loss.log_scale and loss.smoothing
-        assert "(log, smooth)" in str(loss.query_one(".pane-summary", Static).render())
+        summary = loss.query_one(".pane-summary", Static)
+        await wait_until(pilot, lambda: "(log, smooth)" in str(summary.render()))
 
 
 async def test_help_lists_every_key(tmp_path: Path) -> None:

@@ -80,8 +80,9 @@ async def test_rows_trouble_first_and_filter(local_fleet_dirs: dict[str, Path]) 
             assert views["old"].alerts == 1  # the box says its trainer is gone
             assert views["broken"].badge == "unreachable"
             assert "no reply (exit 127)" in (views["broken"].problem or "")
-            await pilot.pause(0.6)
-            assert table_names(app) == ["old", "broken", "live", "empty"]  # trouble first
+            # Trouble first, once the next redraw has sorted the rows.
+            order = ["old", "broken", "live", "empty"]
+            await wait_until(pilot, lambda: table_names(app) == order)
             first = views["live"].step
             await wait_until(pilot, lambda: (by_name(fleet.views())["live"].step or 0) > first)
 
@@ -91,7 +92,7 @@ async def test_rows_trouble_first_and_filter(local_fleet_dirs: dict[str, Path]) 
             await pilot.press("enter")  # leaves the filter box, keeps the filter
             assert table_names(app) == ["live"]
             await pilot.press("escape")
-            assert table_names(app) == ["old", "broken", "live", "empty"]
+            assert table_names(app) == order
     finally:
         await fleet.close()
 
@@ -241,8 +242,7 @@ async def test_fleet_over_two_openssh_servers_and_a_dead_port(
             await wait_until(
                 pilot, lambda: all((views()[n].step or 0) > steps[n] for n in live), timeout=30
             )
-            await pilot.pause(0.6)
-            assert table_names(app)[0] == "dead"  # trouble first
+            await wait_until(pilot, lambda: table_names(app)[0] == "dead")  # trouble first
 
             # B stops answering (its sshd processes frozen): A's rows go on regardless.
             frozen = second_sshd.freeze_connections()
