@@ -194,11 +194,6 @@ class DflashApp(App[None]):
         if line.kind == "run_start" and line.get("history") is not True:
             self.log_tail, self.log_tail_run = [], None  # the crash it showed is over
         history_end = line.kind == "event" and line["code"] == "history_end"
-        # The stream's own times (the box's clock): how long the run was silent before we
-        # attached. Silence is otherwise only counted from the attach, so a trainer that
-        # died before it would read as running for a minute.
-        last = self.state.last_time
-        quiet = self.clock() - last if history_end and last is not None else 0.0
         self.state.apply(line)
         self.seen[line.kind] += 1
         alert = self.alerts.on_line(line)
@@ -212,7 +207,10 @@ class DflashApp(App[None]):
         elif history_end:
             # The whole past is in: draw every pane now rather than at its next turn.
             self.request_redraw()
-            if self.state.run_state == "running" and quiet > self.state.stall_after:
+            # The marker dates the silence from the run's last line, not from the attach:
+            # a run quiet for over a minute before it is asked about now, not after
+            # another minute (a trainer that died before the attach reads as a crash).
+            if self.state.run_state == "stalled":
                 self._check_status_now(self.clock())  # does its trainer still live?
 
     def _on_gpu_line(self, line: StatusLine) -> None:

@@ -28,6 +28,7 @@ Extremum = tuple[float, int]  # (value, seq)
 Columns = dict[Key, list[float | None]]
 
 _NUMBER = rb"(null|-?[0-9][-+.eE0-9]*)"
+_LINE_TIME = re.compile(rb'\{"v":\d+,"seq":\d+,"t":(-?[0-9][-+.eE0-9]*)')
 # lr follows its schedule: the bucket's first and last values are enough.
 _STEP_VALUES = ("loss", "acc", "tau", "grad_norm", "ktok_s")
 _QUEUE_VALUES = ("hs_ready", "producer_wait", "consumer_wait", "starved")
@@ -350,6 +351,9 @@ class HistorySummary:
         self.run: str | None = None
         self._run_raw: bytes | None = None
         self.last_seq = -1
+        # The box-clock time of the newest line summarised, whatever its kind (heartbeats
+        # leave no line in the summary but still say the trainer lived then).
+        self.last_t: float | None = None
 
     def add_block(self, block: bytes, after_seq: int) -> None:
         """Take a block of complete lines (newline-separated); lines with seq at or below
@@ -361,6 +365,7 @@ class HistorySummary:
             kind.encode(): ([], []) for kind in self.series
         }
         whole = self._whole_raw
+        newest: bytes | None = None
         for line in block.split(b"\n"):
             found = match(line)
             if found is None:
@@ -375,6 +380,7 @@ class HistorySummary:
                 whole = self._whole_raw
             self.lines_in += 1
             self.last_seq = seq
+            newest = line
             series = pending.get(raw_kind)
             if series is not None:
                 series[0].append(seq)
@@ -384,6 +390,8 @@ class HistorySummary:
             if kept is not None:
                 kept.append((seq, line))
         self._hand_over(pending)
+        if newest is not None:
+            self.last_t = line_time(newest)
 
     def _hand_over(self, pending: dict[bytes, tuple[list[int], list[bytes]]]) -> None:
         for raw_kind, (seqs, lines) in pending.items():
@@ -411,6 +419,7 @@ class HistorySummary:
             "lines_in": self.lines_in,
             "run": None if self._run_raw is None else self._run_raw.decode("latin-1"),
             "last_seq": self.last_seq,
+            "last_t": self.last_t,
         }
 
     @classmethod
@@ -425,6 +434,8 @@ class HistorySummary:
             summary._run_raw = state["run"].encode("latin-1")
             summary.run = decoded(summary._run_raw)
         summary.last_seq = int(state["last_seq"])
+        last_t = state.get("last_t")  # absent from summaries saved before it was kept
+        summary.last_t = float(last_t) if isinstance(last_t, (int, float)) else None
         return summary
 
     def lines(self) -> list[bytes]:
@@ -441,10 +452,13 @@ class HistorySummary:
         summary covered. None when the past was empty."""
         if self.run is None or self.last_seq < 0:
             return None
-        return end_marker(self.run, self.last_seq, self.lines_in)
+        return end_marker(self.run, self.last_seq, self.lines_in, self.last_t)
 
 
-def end_marker(run: str, last_seq: int, lines_in: int) -> bytes:
+def end_marker(run: str, last_seq: int, lines_in: int, last_t: float | None) -> bytes:
+    """Stamped with the box's clock as it is sent: `t - last_t` is how long the run had
+    been silent, on one clock, whatever the console's clock says."""
+    extra = {} if last_t is None else {"last_t": last_t}
     text = protocol.encode_line(
         "event",
         seq=last_seq,
@@ -455,5 +469,17 @@ def end_marker(run: str, last_seq: int, lines_in: int) -> bytes:
         history=True,
         cursor=last_seq,
         lines_summarised=lines_in,
+        **extra,
     )
     return text.rstrip("\n").encode("utf-8")
+
+
+def line_time(line: bytes) -> float | None:
+    """A status line's `t`, read from its envelope; None when it cannot be read."""
+    found = _LINE_TIME.match(line)
+    if found is None:
+        return None
+    try:
+        return float(found.group(1))
+    except ValueError:
+        return None

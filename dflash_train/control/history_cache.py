@@ -103,6 +103,7 @@ class SavedLines:
     run: str
     last_seq: int
     lines_in: int
+    last_t: float | None  # the box-clock time of the newest line the body covers
 
 
 def save_lines(stream: Path, summary: HistorySummary, offset: int, inode: int) -> bool:
@@ -116,7 +117,7 @@ def save_lines(stream: Path, summary: HistorySummary, offset: int, inode: int) -
         header = {
             "v": VERSION, "points": summary.points, "inode": inode, "offset": offset,
             "check": check, "run": summary.run, "last_seq": summary.last_seq,
-            "lines_in": summary.lines_in,
+            "lines_in": summary.lines_in, "last_t": summary.last_t,
         }  # fmt: skip
         body = b"".join(line + b"\n" for line in summary.lines())
         _atomic_write_bytes(
@@ -143,9 +144,11 @@ def load_lines(stream: Path, points: int) -> SavedLines | None:
                 or _check(fh, header["offset"]) != header["check"]
             ):
                 return None
+        last_t = header.get("last_t")  # absent from files saved before it was kept
         return SavedLines(
             body, int(header["offset"]), st.st_ino, str(header["run"]),
             int(header["last_seq"]), int(header["lines_in"]),
+            float(last_t) if isinstance(last_t, (int, float)) else None,
         )  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

@@ -370,7 +370,7 @@ def _write_history(
     For a whole-stream summary a saved one is continued when it still fits the stream, and
     saved again when it grew, so the next attach reads only what comes after."""
     from dflash_train.control import history_cache
-    from dflash_train.control.history import HistorySummary, end_marker
+    from dflash_train.control.history import HistorySummary, end_marker, line_time
 
     fast = history_cache.load_lines(path, points) if whole else None
     # The status writer keeps the summary's lines beside the stream: send them, then what
@@ -382,8 +382,10 @@ def _write_history(
     ):
         follower.skip_to(fast.last_seq, fast.run)
         out.write(fast.body)
-        sent = _write(out, follower.poll())
-        _write(out, iter([end_marker(fast.run, follower.cursor, fast.lines_in + sent)]))
+        after = list(follower.poll())
+        sent = _write(out, iter(after))
+        last_t = next(filter(None, map(line_time, reversed(after))), fast.last_t)
+        _write(out, iter([end_marker(fast.run, follower.cursor, fast.lines_in + sent, last_t)]))
         out.flush()
         return
     saved = history_cache.load(path, points) if whole else None

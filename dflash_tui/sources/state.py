@@ -124,11 +124,29 @@ class RunState:
             self._reset(line.run)
         self.lines_applied += 1
         self.last_seq = line.seq
-        self.last_time = line.t
-        self.last_arrival = self.clock()
+        arrived = self.clock()
+        if kind == "event" and line.get("code") == "history_end":
+            arrived -= self._silence_before(line, arrived)
+        else:
+            self.last_time = line.t
+        self.last_arrival = arrived
         handler = _HANDLERS.get(kind)
         if handler is not None:
             handler(self, line)
+
+    def _silence_before(self, marker: StatusLine, now: float) -> float:
+        """How long the run had written nothing when the history's end marker was sent, so
+        that a run silent for days before the attach does not read as updated just now.
+        The marker's own `t` and `last_t` are both the box's clock; the console's clock
+        against the last line's `t` is the other estimate, and the smaller one is taken, so
+        neither clock alone (a box clock stepped, a laptop running ahead) makes a stall."""
+        last_t = marker.get("last_t")
+        if not isinstance(last_t, (int, float)) or isinstance(last_t, bool):
+            last_t = self.last_time  # an older box: the newest line the summary kept
+        if last_t is None:
+            return 0.0
+        self.last_time = float(last_t)
+        return max(0.0, min(marker.t - last_t, now - last_t))
 
     def count_rejected(self, rejected: Rejected) -> None:
         self.rejected_lines[rejected.code] += 1
@@ -309,7 +327,8 @@ class RunState:
         return sum(recent) / len(recent) if recent else None
 
     def last_line_age(self, now: float | None = None) -> float | None:
-        """Seconds since the last line of this run arrived (on `clock`), None before any."""
+        """Seconds since the last line of this run arrived (on `clock`; for the history's
+        last line, since the box wrote it), None before any."""
         if self.last_arrival is None:
             return None
         return max(0.0, (self.clock() if now is None else now) - self.last_arrival)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,22 @@ def test_history_keeps_extremes_whole_lines_and_order(tmp_path: Path) -> None:
     # Steps stay in step order: each summary line carries its bucket's edge step.
     steps = [line["step"] for line in by_kind["step"]]
     assert steps == sorted(steps) and steps[0] == 0 and steps[-1] == 2999
+
+
+def test_the_end_marker_dates_the_runs_last_line_heartbeats_included(tmp_path: Path) -> None:
+    """The summary keeps no heartbeat, yet one is the newest line: the marker's `last_t`
+    is its time, and the marker's own `t` is the box's clock as it is sent, so the console
+    can tell how long the run had been silent without trusting its own clock."""
+    rundir = RunDir.at(tmp_path)
+    lines = [*_long_run(300), ("heartbeat", {}), ("heartbeat", {})]
+    write_stream(rundir.status, "run-h", lines, t0=1000.0)
+    before = time.time()
+    sent = _tail(tmp_path, "--history", str(POINTS))
+    marker = sent[-1]
+    assert marker.get("code") == "history_end"
+    assert not any(line.kind == "heartbeat" for line in sent)
+    assert marker.get("last_t") == 1000.0 + (len(lines) - 1) * 0.001
+    assert marker.t >= before
 
 
 def test_short_history_is_sent_whole(tmp_path: Path) -> None:

@@ -158,9 +158,14 @@ def test_the_writer_keeps_the_summary_current_so_a_first_attach_reads_only_the_t
     writer.close()
     kept = _history(tmp_path)
     assert history_cache.load_lines(status, int(POINTS)) is not None
+    newest = protocol.decode_line(status.read_bytes().rstrip(b"\n").rsplit(b"\n", 1)[-1])
     last = write_stream(status, "run-k", _long_run(40)[1:])
     sent = _history(tmp_path).split(b"\n")
     assert sent[: kept.count(b"\n")] == kept.split(b"\n")[:-1]
     tail = [protocol.decode_line(line) for line in sent[kept.count(b"\n") : -1]]
     assert len(tail) == len(_long_run(40)) - 1 and not any(t.get("history") for t in tail)
     assert f'"cursor":{last},'.encode() in sent[-1]
+    # The marker dates the newest line, the one sent whole after the saved lines.
+    assert protocol.decode_line(sent[-1]).get("last_t") == tail[-1].t
+    # And the attach of the saved lines alone dated the newest line they covered.
+    assert protocol.decode_line(kept.split(b"\n")[-1]).get("last_t") == newest.t
