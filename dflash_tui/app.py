@@ -233,9 +233,11 @@ class DflashApp(App[None]):
         elif state.status == "connected":
             self._refused_host_key = None
         elif state.status == "failed":
-            self.note("error", f"connection failed: {state.reason}", "conn")
-            if isinstance(state.error, HostKeyUnknown):
+            if isinstance(state.error, HostKeyUnknown) and state.error.can_be_trusted:
+                # Not a failure yet: the prompt asks, and the answer decides.
                 self.call_later(self.offer_host_key, state.error)
+            else:
+                self.note("error", f"connection failed: {state.reason}", "conn")
 
     @work(group="stream", exclusive=True, name="follow")
     async def connect_and_follow(self) -> None:
@@ -244,7 +246,7 @@ class DflashApp(App[None]):
         await self.session.follow()
 
     def offer_host_key(self, exc: HostKeyUnknown) -> None:
-        if exc.changed or exc.key is None or exc.known_hosts_path is None:
+        if not exc.can_be_trusted:
             return  # a changed key is never offered for trust from here
         where = (exc.host, exc.port)
         if where in self._host_prompts:
@@ -261,6 +263,11 @@ class DflashApp(App[None]):
                 )
             return
         self._host_prompts.add(where)
+        self.note(
+            "warning",
+            f"unknown host key {exc.fingerprint} for {exc.host}:{exc.port}: trust it or not?",
+            "conn",
+        )
 
         def answer(yes: bool | None) -> None:
             self._host_prompts.discard(where)
@@ -472,6 +479,8 @@ class DflashApp(App[None]):
         alert = self.alerts.badge
         if alert is not None:
             return alert
+        if self._host_prompts:
+            return "unknown_host_key"  # waiting for the operator's answer, not failed
         if self.connection != "connected":
             return self.connection
         return self.state.run_state

@@ -63,6 +63,11 @@ class HostKeyUnknown(TransportError):
         self.changed = changed
         self.known_hosts_path = known_hosts_path
 
+    @property
+    def can_be_trusted(self) -> bool:
+        """An unknown key the UI may offer for trust; a changed one never is."""
+        return not self.changed and self.key is not None and self.known_hosts_path is not None
+
 
 class AuthenticationFailed(TransportError):
     retryable = False

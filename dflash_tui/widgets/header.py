@@ -21,6 +21,7 @@ BADGE_STYLE = {
     "connecting": "secondary",
     "failed": "error",
     "no_run": "secondary",
+    "unknown_host_key": "warning",
     # alert causes (sources/alerts.py) name themselves in the badge
     "nan_steps": "error",
     "checkpoint_failed": "error",

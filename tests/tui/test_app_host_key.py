@@ -9,9 +9,15 @@ from pathlib import Path
 from dflash_tui.app import ConsoleOptions, DflashApp
 from dflash_tui.screens.host_key_prompt import HostKeyPrompt
 from dflash_tui.sources.known_hosts import fingerprint, host_is_listed
+from dflash_tui.widgets.header import RunHeader
 from tests.sshd import LOOPBACK, ClientKey, InProcessServer
 from tests.tui.conftest import transport_to
 from tests.tui.console_harness import make_run_dir, wait_until
+
+
+def header_text(app: DflashApp) -> str:
+    main = app.main_screen()  # under the prompt
+    return "" if main is None else str(main.query_one(RunHeader).render())
 
 
 def ssh_console(
@@ -41,6 +47,11 @@ async def test_trust_on_explicit_yes_then_follow(
         assert isinstance(prompt, HostKeyPrompt)
         assert prompt.fingerprint == fingerprint(inproc_server.host_key)
         assert not known.exists()  # nothing written before the answer
+        # Asking is not failing: the header waits on the answer, and so do the notes.
+        assert app.badge() == "unknown_host_key"
+        await wait_until(pilot, lambda: "UNKNOWN HOST KEY" in header_text(app))
+        assert [n.text for n in app.notes if "connection failed" in n.text] == []
+        assert any(prompt.fingerprint in n.text for n in app.notes)
         prompt.query_one("#trust").focus()  # the prompt focuses "refuse" first
         await pilot.press("enter")
         try:
@@ -65,6 +76,7 @@ async def test_refusing_writes_nothing(
         assert not isinstance(app.screen, HostKeyPrompt)
         assert any("refused" in n.text for n in app.notes)
         assert app.state.step is None
+        assert app.badge() == "failed"  # refused: not connecting, and the header says so
     assert not known.exists()
     assert inproc_server.commands == []  # the host was never trusted, so nothing ran
 
