@@ -59,10 +59,36 @@ class RunHeader(Static):
 
 
 def render_header(facts: HeaderFacts, colours: dict[str, str], width: int) -> Text:
+    target, run_dir = facts.target, facts.run_dir
+    top = _top_line(facts, colours, target, run_dir)
+    # Too wide (a tmux split): the run dir and then the host give way from the left, to 8
+    # characters and then to 2, so the badge stays in sight and the line never wraps over
+    # the progress line below it.
+    for shortest in (8, 2):
+        excess = top.cell_len - width
+        if excess <= 0:
+            break
+        shorter = _keep_right(run_dir, len(run_dir) - excess, shortest)
+        excess -= len(run_dir) - len(shorter)
+        run_dir = shorter
+        target = _keep_right(target, len(target) - max(0, excess), shortest)
+        top = _top_line(facts, colours, target, run_dir)
+    bottom = _bottom_line(facts, colours, width)
+    return Text("\n", no_wrap=True, overflow="ellipsis").join([top, bottom])
+
+
+def _keep_right(text: str, room: int, shortest: int) -> str:
+    """`text` cut to `room` characters (at least `shortest`) keeping its end: the end of a
+    path or host names it best."""
+    room = max(room, shortest)
+    return text if len(text) <= room else "…" + text[len(text) - room + 1 :]
+
+
+def _top_line(facts: HeaderFacts, colours: dict[str, str], target: str, run_dir: str) -> Text:
     top = Text(no_wrap=True, overflow="ellipsis")
     top.append(" dflash ", style=f"bold reverse {colours['primary']}")
-    top.append(f" {facts.target} ", style="bold")
-    top.append(f"│ {facts.run_dir} │ run ", style="dim")
+    top.append(f" {target} ", style="bold")
+    top.append(f"│ {run_dir} │ run ", style="dim")
     top.append(facts.run_id or "–", style="bold")
     top.append("  ")
     badge_colour = colours[BADGE_STYLE.get(facts.badge, "secondary")]
@@ -76,7 +102,10 @@ def render_header(facts: HeaderFacts, colours: dict[str, str], width: int) -> Te
     if facts.wandb_url:
         top.append("  W&B ", style="bold")
         top.append(facts.wandb_url, style=f"underline link {facts.wandb_url}")
+    return top
 
+
+def _bottom_line(facts: HeaderFacts, colours: dict[str, str], width: int) -> Text:
     bottom = Text(no_wrap=True, overflow="ellipsis")
     # The stream counts epochs from 0; people count them from 1 ("epoch 6/6" is the last).
     epoch = "–" if facts.epoch is None else str(facts.epoch + 1)
@@ -96,4 +125,4 @@ def render_header(facts: HeaderFacts, colours: dict[str, str], width: int) -> Te
             f"last update {units.duration(facts.age_s)} ago",
             style=f"bold {colours['warning']}" if stale else "",
         )
-    return Text("\n").join([top, bottom])
+    return bottom

@@ -3,6 +3,8 @@ one, "epoch 6/6" (seen in tmux: a finished run read "epoch 5/6 100%")."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from dflash_tui.widgets.header import HeaderFacts, render_header
 
 COLOURS = {
@@ -22,3 +24,25 @@ def test_epochs_are_shown_counted_from_one() -> None:
     assert " epoch 1/6 " in render_header(_facts(0, 0.0), COLOURS, 120).plain
     assert " epoch 6/6 " in render_header(_facts(5, 1.0), COLOURS, 120).plain
     assert " epoch –/6 " in render_header(_facts(None, None), COLOURS, 120).plain
+
+
+def test_a_narrow_terminal_shortens_the_paths_not_the_badge() -> None:
+    """Seen in tmux at 80 columns: the first line wrapped and pushed the step, ETA and
+    last-update line out of the header's two rows."""
+    facts = dataclasses.replace(
+        _facts(0, 0.5),
+        target="root@gpu-box.example.org:2222 (pct exec 200)",
+        run_dir="/data/runs/qwen3.6-27b/drafter-2026-11-30/liverun",
+        read_only=True,
+    )
+    for width in (60, 80, 100):
+        header = render_header(facts, COLOURS, width)
+        top, bottom = header.plain.split("\n")
+        assert len(top) <= width, (width, top)
+        assert "RUNNING" in top and "READ-ONLY" in top and "r1" in top
+        shown = top.split(" │ ")[1]
+        assert facts.run_dir.endswith(shown.lstrip("…")) and len(shown) >= 2  # its end
+        assert bottom.startswith(" epoch 1/6 ")
+    assert " …liverun │ " in render_header(facts, COLOURS, 80).plain
+    wide = render_header(facts, COLOURS, 200).plain
+    assert facts.run_dir in wide and facts.target in wide  # whole when there is room
