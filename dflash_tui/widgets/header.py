@@ -73,7 +73,10 @@ def render_header(facts: HeaderFacts, colours: dict[str, str], width: int) -> Te
         run_dir = shorter
         target = _keep_right(target, len(target) - max(0, excess), shortest)
         top = _top_line(facts, colours, target, run_dir)
-    bottom = _bottom_line(facts, colours, width)
+    bar = max(10, min(30, width // 6))
+    bottom = _bottom_line(facts, colours, bar)
+    if bottom.cell_len > width and bar > 4:  # the epoch bar gives way before the last update
+        bottom = _bottom_line(facts, colours, max(4, bar - (bottom.cell_len - width)))
     return Text("\n", no_wrap=True, overflow="ellipsis").join([top, bottom])
 
 
@@ -105,13 +108,12 @@ def _top_line(facts: HeaderFacts, colours: dict[str, str], target: str, run_dir:
     return top
 
 
-def _bottom_line(facts: HeaderFacts, colours: dict[str, str], width: int) -> Text:
+def _bottom_line(facts: HeaderFacts, colours: dict[str, str], bar_width: int) -> Text:
     bottom = Text(no_wrap=True, overflow="ellipsis")
     # The stream counts epochs from 0; people count them from 1 ("epoch 6/6" is the last).
     epoch = "–" if facts.epoch is None else str(facts.epoch + 1)
     epochs = "–" if facts.epochs is None else str(facts.epochs)
     bottom.append(f" epoch {epoch}/{epochs} ")
-    bar_width = max(10, min(30, width // 6))
     bottom.append(units.bar(facts.epoch_fraction, bar_width), style=colours["primary"])
     bottom.append(f" {units.percent(facts.epoch_fraction)}")
     step = "–" if facts.step is None else f"{facts.step:,}"

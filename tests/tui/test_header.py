@@ -34,6 +34,9 @@ def test_a_narrow_terminal_shortens_the_paths_not_the_badge() -> None:
         target="root@gpu-box.example.org:2222 (pct exec 200)",
         run_dir="/data/runs/qwen3.6-27b/drafter-2026-11-30/liverun",
         read_only=True,
+        step=1_062,
+        total_steps=30_000,
+        eta_s=90_000.0,
     )
     for width in (60, 80, 100):
         header = render_header(facts, COLOURS, width)
@@ -43,6 +46,9 @@ def test_a_narrow_terminal_shortens_the_paths_not_the_badge() -> None:
         shown = top.split(" │ ")[1]
         assert facts.run_dir.endswith(shown.lstrip("…")) and len(shown) >= 2  # its end
         assert bottom.startswith(" epoch 1/6 ")
+    # At 80 columns the epoch bar shrinks so that the last update is read whole.
+    bottom = render_header(facts, COLOURS, 80).plain.split("\n")[1]
+    assert len(bottom) <= 80 and bottom.endswith("last update 1 s ago"), bottom
     assert " …liverun │ " in render_header(facts, COLOURS, 80).plain
     wide = render_header(facts, COLOURS, 200).plain
     assert facts.run_dir in wide and facts.target in wide  # whole when there is room
