@@ -83,7 +83,11 @@ class PaneRefresh:
             )
             gpus.update(
                 render_gpus(
-                    state.gpus, state.gpu_history, colours, unavailable=state.gpu_unavailable
+                    state.gpus,
+                    state.gpu_history,
+                    colours,
+                    unavailable=state.gpu_unavailable,
+                    width=gpus.content_size.width,
                 ),
                 layout=self.changed("gpus-shape", shape),
             )

@@ -4,6 +4,7 @@ its limit, temperature and memory, coloured by thresholds; or why there are no r
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import RenderableType
@@ -13,6 +14,7 @@ from textual.widgets import Static
 from dflash_tui.widgets import units
 
 HISTORY_WIDTH = 16
+UTIL_BAR_WIDTH = 10
 # Processes listed under a GPU's row (who holds it: why a launch met gpu_busy).
 MAX_PROCESSES = 3
 ROLE_WIDTH = 8
@@ -35,20 +37,66 @@ def _ratio(used: float | None, total: float | None) -> float | None:
     return used / total
 
 
+@dataclass(frozen=True)
+class Columns:
+    """How wide the util bar and the history are, and whether power and memory show their
+    limits (`650/700`, `127.0/140.4`) or only the reading."""
+
+    bar: int = UTIL_BAR_WIDTH
+    history: int = HISTORY_WIDTH
+    limits: bool = True
+
+    @property
+    def power(self) -> int:
+        return 9 if self.limits else 5
+
+    @property
+    def memory(self) -> int:
+        return 13 if self.limits else 6
+
+    def header(self) -> str:
+        history = f"{'history':<{self.history}}  " if self.history else ""
+        power, memory = ("power W", "mem GiB") if self.limits else ("W", "GiB")
+        return (
+            f"{'gpu':>3}  {'role':<{ROLE_WIDTH}} {'util':<{self.bar + 5}}  {history}"
+            f"{power:>{self.power}}  {'temp':>5}  {memory:>{self.memory}}"
+        )
+
+
+FULL = Columns()
+
+
+def columns_for(width: int | None) -> Columns:
+    """The widest layout that fits `width` cells: the history goes first (the GPU history
+    pane shows it too), then the util bar narrows to 3, then the limits go."""
+    if not width or width >= len(FULL.header()):  # 0: not laid out yet
+        return FULL
+    with_limits = Columns(history=0)
+    over = len(with_limits.header()) - width
+    if over <= UTIL_BAR_WIDTH - 3:
+        return Columns(bar=UTIL_BAR_WIDTH - max(0, over), history=0)
+    over = len(Columns(history=0, limits=False).header()) - width
+    return Columns(bar=max(3, UTIL_BAR_WIDTH - max(0, over)), history=0, limits=False)
+
+
 def render_gpus(
     gpus: Sequence[Mapping[str, Any]],
     history: Mapping[int, Sequence[float]],
     colours: Mapping[str, str],
     *,
     unavailable: str | None,
+    width: int | None = None,
 ) -> RenderableType:
+    """`width`: the pane's content width (columns_for); a row is never wrapped into a
+    second line that would read as another GPU."""
     if unavailable is not None:
         return Text(f"no GPU readings: {unavailable}", style=colours["warning"])
     if not gpus:
         return Text("waiting for the first GPU reading…", style="dim")
+    cols = columns_for(width)
     # Plain padded text rather than a rich Table: this pane redraws every monitor tick and
     # a Table's measuring pass costs several times more.
-    lines = [Text(HEADER, style="bold", no_wrap=True)]
+    lines = [Text(cols.header(), style="bold", no_wrap=True)]
     for gpu in gpus:
         util = gpu.get("util")
         util_style = colours[level(util, 70, 30, low_is_bad=True)]
@@ -58,8 +106,10 @@ def render_gpus(
         role = str(gpu.get("role") or "–")
         role = ROLE_LABELS.get(role, role)[:ROLE_WIDTH]
         util_text = "   –" if util is None else f"{util:3.0f}%"
-        watts = f"{_num(power)}/{_num(limit)}"
-        memory = f"{units.mib_as_gib(mem_used)}/{units.mib_as_gib(mem_total)}"
+        watts = f"{_num(power)}/{_num(limit)}" if cols.limits else _num(power)
+        memory = units.mib_as_gib(mem_used)
+        if cols.limits:
+            memory += f"/{units.mib_as_gib(mem_total)}"
         line = Text(no_wrap=True, overflow="ellipsis")
         line.append(f"{gpu['index']:>3}  ")
         line.append(
@@ -67,19 +117,26 @@ def render_gpus(
             style=colours["primary"] if "drafter" in str(gpu.get("role")) else "",
         )
         line.append(
-            f"{units.bar(None if util is None else util / 100, 10)} {util_text}  ", style=util_style
+            f"{units.bar(None if util is None else util / 100, cols.bar)} {util_text}  ",
+            style=util_style,
         )
-        history_text = units.sparkline(list(history.get(gpu["index"], ())), HISTORY_WIDTH)
-        line.append(history_text + "  ", style=util_style)
-        line.append(f"{watts:>9}  ", style=colours[level(_ratio(power, limit), 0.9, 0.98)])
+        if cols.history:
+            history_text = units.sparkline(list(history.get(gpu["index"], ())), cols.history)
+            line.append(history_text + "  ", style=util_style)
+        line.append(
+            f"{watts:>{cols.power}}  ", style=colours[level(_ratio(power, limit), 0.9, 0.98)]
+        )
         line.append(
             f"{_num(temp) + '°C' if temp is not None else '–':>5}  ",
             style=colours[level(temp, 75, 85)],
         )
-        line.append(f"{memory:>13}", style=colours[level(_ratio(mem_used, mem_total), 0.85, 0.95)])
+        line.append(
+            f"{memory:>{cols.memory}}",
+            style=colours[level(_ratio(mem_used, mem_total), 0.85, 0.95)],
+        )
         lines.append(line)
         lines.extend(_process_rows(gpu.get("processes")))
-    return Text("\n").join(lines)
+    return Text("\n", no_wrap=True, overflow="ellipsis").join(lines)
 
 
 def _process_rows(processes: Any) -> list[Text]:
@@ -100,12 +157,6 @@ def _process_rows(processes: Any) -> list[Text]:
 
 def _num(value: float | None) -> str:
     return "–" if value is None else f"{value:.0f}"
-
-
-HEADER = (
-    f"{'gpu':>3}  {'role':<{ROLE_WIDTH}} {'util':<15}  {'history':<{HISTORY_WIDTH}}  "
-    f"{'power W':>9}  {'temp':>5}  {'mem GiB':>13}"
-)
 
 
 class GpuTable(Static):
