@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflash_train import protocol
-from dflash_train.control.tail import ENVELOPE_PREFIX, decoded
+from dflash_train.control.tail import ENVELOPE_PREFIX, decoded, line_time
 
 # A value's place in a line: ("loss",) or ("gpus", gpu_index, "util").
 Key = tuple[Any, ...]
@@ -28,7 +28,6 @@ Extremum = tuple[float, int]  # (value, seq)
 Columns = dict[Key, list[float | None]]
 
 _NUMBER = rb"(null|-?[0-9][-+.eE0-9]*)"
-_LINE_TIME = re.compile(rb'\{"v":\d+,"seq":\d+,"t":(-?[0-9][-+.eE0-9]*)')
 # lr follows its schedule: the bucket's first and last values are enough.
 _STEP_VALUES = ("loss", "acc", "tau", "grad_norm", "ktok_s")
 _QUEUE_VALUES = ("hs_ready", "producer_wait", "consumer_wait", "starved")
@@ -370,7 +369,7 @@ class HistorySummary:
             found = match(line)
             if found is None:
                 continue
-            raw_seq, raw_run, raw_kind = found.group(1, 2, 3)
+            raw_seq, raw_run, raw_kind = found.group("seq", "run", "kind")
             seq = int(raw_seq)
             if seq <= after_seq:
                 continue
@@ -472,14 +471,3 @@ def end_marker(run: str, last_seq: int, lines_in: int, last_t: float | None) -> 
         **extra,
     )
     return text.rstrip("\n").encode("utf-8")
-
-
-def line_time(line: bytes) -> float | None:
-    """A status line's `t`, read from its envelope; None when it cannot be read."""
-    found = _LINE_TIME.match(line)
-    if found is None:
-        return None
-    try:
-        return float(found.group(1))
-    except ValueError:
-        return None

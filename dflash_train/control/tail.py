@@ -21,7 +21,8 @@ from dflash_train import protocol
 
 # protocol.encode_line writes the envelope first, in this order, without spaces.
 ENVELOPE_PREFIX = re.compile(
-    rb'\{"v":\d+,"seq":(\d+),"t":[^,]*,"run":"((?:[^"\\]|\\.)*)","kind":"([A-Za-z_]+)"'
+    rb'\{"v":\d+,"seq":(?P<seq>\d+),"t":(?P<t>[^,]*),"run":"(?P<run>(?:[^"\\]|\\.)*)",'
+    rb'"kind":"(?P<kind>[A-Za-z_]+)"'
 )
 _CHUNK = 1 << 20
 # A line longer than this is never sent (protocol.MAX_LINE_BYTES): `tail` sends a small
@@ -54,7 +55,7 @@ def read_envelope(line: bytes) -> Envelope | None:
     """seq, run and kind of one line; None for a line that is not a status line."""
     match = ENVELOPE_PREFIX.match(line)
     if match is not None:
-        seq, run, kind = match.group(1, 2, 3)
+        seq, run, kind = match.group("seq", "run", "kind")
         return Envelope(int(seq), decoded(run), decoded(kind))
     # Written by another encoder (spaces, other key order): pay for a full decode.
     try:
@@ -67,6 +68,15 @@ def read_envelope(line: bytes) -> Envelope | None:
     if type(seq) is not int or not isinstance(run, str) or not isinstance(kind, str):
         return None
     return Envelope(seq, run, kind)
+
+
+def line_time(line: bytes) -> float | None:
+    """The `t` of one status line (the writer's clock); None when it has none."""
+    match = ENVELOPE_PREFIX.match(line)
+    try:
+        return float(match.group("t")) if match else float(json.loads(line)["t"])
+    except (ValueError, TypeError, KeyError, IndexError):
+        return None
 
 
 def first_envelope(path: Path) -> Envelope | None:
@@ -296,7 +306,8 @@ class StreamFollower:
         match = ENVELOPE_PREFIX.match(head)
         seq = kind = run = None
         if match is not None:
-            seq, run, kind = int(match.group(1)), decoded(match.group(2)), decoded(match.group(3))
+            seq, run, kind = match.group("seq", "run", "kind")
+            seq, run, kind = int(seq), decoded(run), decoded(kind)
             if seq <= self.cursor and self.run in (None, run):
                 return None
         self.oversized += 1
@@ -370,7 +381,7 @@ def _write_history(
     For a whole-stream summary a saved one is continued when it still fits the stream, and
     saved again when it grew, so the next attach reads only what comes after."""
     from dflash_train.control import history_cache
-    from dflash_train.control.history import HistorySummary, end_marker, line_time
+    from dflash_train.control.history import HistorySummary, end_marker
 
     fast = history_cache.load_lines(path, points) if whole else None
     # The status writer keeps the summary's lines beside the stream: send them, then what

@@ -49,6 +49,14 @@ class EventRecord:
     text: str
 
 
+def silence(sent_at: float, last_t: float, now: float) -> float:
+    """How long a run had written nothing when the history's end marker was sent at
+    `sent_at` (the box's clock, as `last_t`): the smaller of that and the console's own
+    clock's `now - last_t`, so neither clock alone (a box clock stepped, a laptop running
+    ahead) makes a stall."""
+    return max(0.0, min(sent_at - last_t, now - last_t))
+
+
 class RunState:
     """Feed it every decoded line with `apply` (and rejects with `count_rejected`); read
     the attributes to draw. `clock` stamps when lines arrive, for staleness."""
@@ -126,27 +134,19 @@ class RunState:
         self.last_seq = line.seq
         arrived = self.clock()
         if kind == "event" and line.get("code") == "history_end":
-            arrived -= self._silence_before(line, arrived)
+            # The marker dates the run's newest line (an older box's leaves the newest line
+            # the summary kept); that line, not the attach, is when the run last spoke.
+            last_t = line.get("last_t")
+            if isinstance(last_t, (int, float)) and not isinstance(last_t, bool):
+                self.last_time = float(last_t)
+            if self.last_time is not None:
+                arrived -= silence(line.t, self.last_time, arrived)
         else:
             self.last_time = line.t
         self.last_arrival = arrived
         handler = _HANDLERS.get(kind)
         if handler is not None:
             handler(self, line)
-
-    def _silence_before(self, marker: StatusLine, now: float) -> float:
-        """How long the run had written nothing when the history's end marker was sent, so
-        that a run silent for days before the attach does not read as updated just now.
-        The marker's own `t` and `last_t` are both the box's clock; the console's clock
-        against the last line's `t` is the other estimate, and the smaller one is taken, so
-        neither clock alone (a box clock stepped, a laptop running ahead) makes a stall."""
-        last_t = marker.get("last_t")
-        if not isinstance(last_t, (int, float)) or isinstance(last_t, bool):
-            last_t = self.last_time  # an older box: the newest line the summary kept
-        if last_t is None:
-            return 0.0
-        self.last_time = float(last_t)
-        return max(0.0, min(marker.t - last_t, now - last_t))
 
     def count_rejected(self, rejected: Rejected) -> None:
         self.rejected_lines[rejected.code] += 1

@@ -3,6 +3,7 @@ its limit, temperature and memory, coloured by thresholds; or why there are no r
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,20 +64,21 @@ class Columns:
         )
 
 
-FULL = Columns()
+# Widest first: the history goes first (the GPU history pane shows it too), then the util
+# bar narrows to 3, then power and memory drop their limits.
+LAYOUTS = (
+    Columns(),
+    *(Columns(bar=bar, history=0) for bar in range(UTIL_BAR_WIDTH, 2, -1)),
+    *(Columns(bar=bar, history=0, limits=False) for bar in range(UTIL_BAR_WIDTH, 2, -1)),
+)
 
 
+@functools.cache
 def columns_for(width: int | None) -> Columns:
-    """The widest layout that fits `width` cells: the history goes first (the GPU history
-    pane shows it too), then the util bar narrows to 3, then the limits go."""
-    if not width or width >= len(FULL.header()):  # 0: not laid out yet
-        return FULL
-    with_limits = Columns(history=0)
-    over = len(with_limits.header()) - width
-    if over <= UTIL_BAR_WIDTH - 3:
-        return Columns(bar=UTIL_BAR_WIDTH - max(0, over), history=0)
-    over = len(Columns(history=0, limits=False).header()) - width
-    return Columns(bar=max(3, UTIL_BAR_WIDTH - max(0, over)), history=0, limits=False)
+    """The widest layout that fits `width` cells (0 or None: not laid out yet, the full)."""
+    if not width:
+        return LAYOUTS[0]
+    return next((c for c in LAYOUTS if len(c.header()) <= width), LAYOUTS[-1])
 
 
 def render_gpus(
