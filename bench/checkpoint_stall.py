@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from dflash_train import checkpoints
+from dflash_train.checkpoint import store as checkpoints
 from dflash_train.pipeline.async_checkpoint import AsyncCheckpointer
 
 

@@ -29,8 +29,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dflash_train.control.history_cache import KEPT_POINTS
-from dflash_train.status_writer import StatusWriter
+from dflash_train.stream.summary_cache import KEPT_POINTS
+from dflash_train.stream.writer import StatusWriter
 from dflash_tui.app import ConsoleOptions, DflashApp
 from dflash_tui.sources.transport import LocalTransport, SshTransport, Transport
 from tests.tui.synthetic_stream import RUN_ID, lines
@@ -39,7 +39,7 @@ from tests.tui.synthetic_stream import RUN_ID, lines
 # (through StatusWriter, keeping the summary), so its CPU is not the console's.
 FEEDER = r"""
 import sys, time
-from dflash_train.status_writer import StatusWriter
+from dflash_train.stream.writer import StatusWriter
 from tests.tui.synthetic_stream import RUN_ID, gpu_fields, queue_fields, step_fields
 path, step = sys.argv[1], int(sys.argv[2])
 rate, seconds = float(sys.argv[3]), float(sys.argv[4])

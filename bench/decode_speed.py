@@ -35,8 +35,8 @@ def _timed(fn, repeats: int, device: torch.device) -> float:
 
 
 def generation(target, prompts: list[list[int]], batch: int, new_tokens: int) -> dict:
-    from dflash_train.cached_target import CachedTarget, GraphedStep
     from dflash_train.data.generation import generate_rows, pick_tokens
+    from dflash_train.decode.cached_target import CachedTarget, GraphedStep
 
     runner = CachedTarget(target)
     device = runner.device
@@ -73,8 +73,8 @@ def check_graph_path(target, prompts: list[list[int]]) -> dict:
     """Captured steps (made again as rows stop and answers pass the limit) against the same
     fixed-shape steps run uncaptured: the same kernels, so the same tokens. Every 50th token
     id stops a row, so rows finish at scattered steps and the batch shrinks."""
-    from dflash_train.cached_target import CachedTarget
     from dflash_train.data.generation import generate_rows
+    from dflash_train.decode.cached_target import CachedTarget
 
     runner = CachedTarget(target)
     rows = [prompts[i % len(prompts)] for i in range(256)]
@@ -94,8 +94,8 @@ def profile_generation(target, prompts: list[list[int]], batch: int, new_tokens:
     """torch.profiler's table of one generate_rows call, by GPU time."""
     from torch.profiler import ProfilerActivity, profile
 
-    from dflash_train.cached_target import CachedTarget
     from dflash_train.data.generation import generate_rows
+    from dflash_train.decode.cached_target import CachedTarget
 
     runner = CachedTarget(target)
     rows = [prompts[i % len(prompts)] for i in range(batch)]
@@ -108,8 +108,8 @@ def profile_generation(target, prompts: list[list[int]], batch: int, new_tokens:
 
 
 def speculative_round(target, block: int, context: int) -> dict:
-    from dflash_train.drafter import DFlashDrafter, drafter_config_for_target
-    from dflash_train.speculative import Decoder, cached_drafter
+    from dflash_train.decode.speculative import Decoder, cached_drafter
+    from dflash_train.model.drafter import DFlashDrafter, drafter_config_for_target
 
     torch.manual_seed(0)
     config = drafter_config_for_target(target, num_layers=2, block_size=block)
@@ -143,7 +143,7 @@ def speculative_round(target, block: int, context: int) -> dict:
 def main() -> None:
     from dflash_train.data.prepare import chat_prompt_ids
     from dflash_train.data.prompts import load_prompts
-    from dflash_train.targets import load_target
+    from dflash_train.targets.frozen_target import load_target
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target-model", required=True)

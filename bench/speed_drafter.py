@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from dflash_train.dflash_loss import sample_anchors
-from dflash_train.drafter import DFlashConfig, DFlashDrafter
+from dflash_train.model.dflash_loss import sample_anchors
+from dflash_train.model.drafter import DFlashConfig, DFlashDrafter
 from dflash_train.pipeline.drafter_step import DrafterStepper, StepConfig
 from dflash_train.pipeline.stage_timers import StageTimers
 from dflash_train.pipeline.target_workers import HiddenBatch
@@ -79,7 +79,7 @@ def log(message: str) -> None:
 
 def drafter_config(dims: str, layers: int, block: int, context_layers: int = 5) -> DFlashConfig:
     d = DIMS[dims]
-    from dflash_train.targets import context_layer_count, target_layer_ids
+    from dflash_train.targets.frozen_target import context_layer_count, target_layer_ids
 
     return DFlashConfig(
         hidden_size=d["hidden"],
@@ -217,7 +217,7 @@ def time_drafter(rig: DrafterRig, backend: str, steps: int) -> dict[str, Any]:
 def exactness(device: torch.device, dims: str = "qwen3-8b") -> dict[str, Any]:
     """flex vs dense SDPA on the same weights and batch, bf16 autocast, Qwen3-8B dims."""
     rig = DrafterRig(drafter_config(dims, 1, 16), 2, 1024, 128, device)
-    from dflash_train.dflash_loss import dflash_forward_loss
+    from dflash_train.model.dflash_loss import dflash_forward_loss
 
     results = {}
     gen = torch.Generator(device=device).manual_seed(0)
@@ -261,7 +261,7 @@ def fused_ce_check(rig: DrafterRig, rows: int = 4096) -> dict[str, float]:
     bf16 logits: loss and the hidden-state gradient, relative error."""
     import torch.nn.functional as F
 
-    from dflash_train.dflash_loss import linear_cross_entropy
+    from dflash_train.model.dflash_loss import linear_cross_entropy
 
     gen = torch.Generator(device=rig.device).manual_seed(7)
     hidden = torch.randn(rows, rig.config.hidden_size, device=rig.device, generator=gen)

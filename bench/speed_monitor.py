@@ -31,8 +31,8 @@ def monitor_overhead(
     from dflash_train.pipeline.monitor import MonitorIntervals, MonitorThread, StepRecord
     from dflash_train.pipeline.pool import HiddenStatePool
     from dflash_train.pipeline.sources import AsyncSource, EpochPlan
-    from dflash_train.status_writer import StatusWriter
-    from dflash_train.targets import Target
+    from dflash_train.stream.writer import StatusWriter
+    from dflash_train.targets.frozen_target import Target
 
     config = drafter_config(dims, recipe["draft_layers"], 16)
     rig = DrafterRig(

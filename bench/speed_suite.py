@@ -37,7 +37,11 @@ from speed_monitor import monitor_overhead
 
 def time_target(target: Any, rows: int, seq: int, calls: int, compile_: bool) -> dict[str, Any]:
     from dflash_train.pipeline.target_workers import compile_target_layers
-    from dflash_train.targets import context_layer_count, extract_context, target_layer_ids
+    from dflash_train.targets.frozen_target import (
+        context_layer_count,
+        extract_context,
+        target_layer_ids,
+    )
 
     layer_ids = target_layer_ids(target.num_layers, context_layer_count(target.num_layers, None))
     gen = torch.Generator(device=target.device).manual_seed(0)

@@ -19,7 +19,7 @@ import time
 
 from dflash_train import protocol
 from dflash_train.rundir import RunDir
-from dflash_train.status_writer import StatusWriter
+from dflash_train.stream.writer import StatusWriter
 
 SPIKE_STEP = 123_457
 SPIKE_LOSS = 42.0

@@ -26,7 +26,7 @@ def smollm2_target(tmp_path_factory: pytest.TempPathFactory, smollm2_spec: str) 
     """The converted SmolLM2 model directory. The user's model cache is used when it already
     holds the conversion; otherwise (a fresh CI box) a per-session cache, which subprocesses
     find through DFLASH_CACHE_DIR."""
-    from dflash_train import targets
+    from dflash_train.targets import frozen_target as targets
 
     previous = os.environ.get("DFLASH_CACHE_DIR")
     if previous is None and not targets.resolve_target(smollm2_spec).cached:

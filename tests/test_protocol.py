@@ -238,7 +238,7 @@ def test_replies_round_trip() -> None:
 
 def test_console_side_imports_no_torch() -> None:
     code = (
-        "import sys, dflash_train.protocol, dflash_train.status_writer, dflash_train.rundir;"
+        "import sys, dflash_train.protocol, dflash_train.stream.writer, dflash_train.rundir;"
         "bad = [m for m in ('torch', 'textual', 'transformers') if m in sys.modules];"
         "print(bad); sys.exit(1 if bad else 0)"
     )

@@ -24,16 +24,16 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
+    from dflash_train.checkpoint.export import load_any_drafter
     from dflash_train.data.prepare import chat_prompt_ids, stop_token_ids
     from dflash_train.data.prompts import load_prompts
-    from dflash_train.export import load_any_drafter
-    from dflash_train.speculative import (
+    from dflash_train.decode.speculative import (
         Decoder,
         cached_drafter,
         speculative_decode,
         with_block_size,
     )
-    from dflash_train.targets import load_target
+    from dflash_train.targets.frozen_target import load_target
 
     started = time.monotonic()
     target = load_target(args.target_model, args.device, torch.float32)

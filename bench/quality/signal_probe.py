@@ -49,13 +49,17 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     torch.manual_seed(0)
-    from dflash_train.cached_target import CachedTarget
     from dflash_train.data.generation import generate_rows
     from dflash_train.data.prepare import chat_prompt_ids, stop_token_ids
     from dflash_train.data.prompts import load_prompts
-    from dflash_train.dflash_loss import dflash_forward_loss, sample_anchors, tau_from_slot_acc
-    from dflash_train.drafter import DFlashDrafter, drafter_config_for_target
-    from dflash_train.targets import extract_context, load_target
+    from dflash_train.decode.cached_target import CachedTarget
+    from dflash_train.model.dflash_loss import (
+        dflash_forward_loss,
+        sample_anchors,
+        tau_from_slot_acc,
+    )
+    from dflash_train.model.drafter import DFlashDrafter, drafter_config_for_target
+    from dflash_train.targets.frozen_target import extract_context, load_target
 
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
     target = load_target("smollm2", args.device, dtype)

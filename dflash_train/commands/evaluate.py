@@ -12,8 +12,8 @@ from dflash_train import protocol
 
 if TYPE_CHECKING:
     from dflash_train.data.conversations import Conversation
-    from dflash_train.speculative import EvalSummary
-    from dflash_train.targets import ResolvedTarget
+    from dflash_train.decode.speculative import EvalSummary
+    from dflash_train.targets.frozen_target import ResolvedTarget
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
             return _fail("bad_argument", f"block_size: {size} is below 2")
     from dflash_train.data.conversations import eval_prompt, load_conversations
     from dflash_train.data.prompts import PromptError
-    from dflash_train.targets import resolve_target
+    from dflash_train.targets.frozen_target import resolve_target
 
     try:
         resolved = resolve_target(args.target_model)
@@ -87,10 +87,10 @@ def _evaluate(
 ) -> int:
     import torch
 
+    from dflash_train.checkpoint.export import load_any_drafter
     from dflash_train.data.prepare import conversation_prompt_ids, stop_token_ids
-    from dflash_train.export import load_any_drafter
-    from dflash_train.speculative import check_compatible, evaluate_prompts
-    from dflash_train.targets import load_target
+    from dflash_train.decode.speculative import check_compatible, evaluate_prompts
+    from dflash_train.targets.frozen_target import load_target
 
     start = time.monotonic()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))

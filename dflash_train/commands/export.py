@@ -32,8 +32,8 @@ def _reply(reply: protocol.Reply) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dflash_train.drafter import read_drafter_config
-    from dflash_train.export import export_checkpoint, resolve_export_source, servable
+    from dflash_train.checkpoint.export import export_checkpoint, resolve_export_source, servable
+    from dflash_train.model.drafter import read_drafter_config
 
     start = time.monotonic()
     try:

@@ -9,7 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dflash_train import checkpoint_layout, checkpoints
+from dflash_train.checkpoint import layout as checkpoint_layout
+from dflash_train.checkpoint import store as checkpoints
 
 TEMP_PREFIX = ".tmp-"  # checkpoints.save_checkpoint writes into .tmp-step_N first
 

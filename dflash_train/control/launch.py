@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_train import checkpoint_layout, protocol
+from dflash_train import protocol
+from dflash_train.checkpoint import layout as checkpoint_layout
 from dflash_train.config import ResolvedConfig
 from dflash_train.control.preflight import (
     PreflightError,
@@ -28,9 +29,9 @@ from dflash_train.control.preflight import (
     resolve_launch_config,
 )
 from dflash_train.control.run_config import with_values, write_run_config
-from dflash_train.control.run_status import find_lines, log_tail
+from dflash_train.control.run_status import log_tail
 from dflash_train.rundir import RunDir, atomic_write_json, lock_holder_pid, lock_is_held, read_json
-from dflash_train.status_writer import last_record
+from dflash_train.stream.reader import find_lines, last_record
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SECRET_PARTS = ("API_KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "PRIVATE")

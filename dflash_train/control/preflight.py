@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from dflash_train.config import ConfigError, ResolvedConfig, TrainConfig
 from dflash_train.config.cli_options import resolve_train_args
 from dflash_train.rundir import RunDir
-from dflash_train.targets import context_layer_count, target_layer_ids
+from dflash_train.targets.frozen_target import context_layer_count, target_layer_ids
 
 # Bytes per drafter parameter in a checkpoint: fp32 weights plus AdamW's two moments.
 CHECKPOINT_BYTES_PER_PARAM = 12
@@ -62,7 +62,7 @@ def resolve_launch_config(
 
 
 def check_target(spec: str) -> Any:
-    from dflash_train.targets import resolve_target
+    from dflash_train.targets.frozen_target import resolve_target
 
     try:
         return resolve_target(spec)

@@ -10,8 +10,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dflash_train import checkpoint_layout, protocol
-from dflash_train.checkpoints import recorded_run
+from dflash_train import protocol
+from dflash_train.checkpoint import layout as checkpoint_layout
+from dflash_train.checkpoint.store import recorded_run
 from dflash_train.config import ConfigError, TrainConfig
 from dflash_train.config.cli_options import config_args
 from dflash_train.control.launch import (

@@ -6,75 +6,17 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_train import checkpoint_layout, protocol
+from dflash_train import protocol
+from dflash_train.checkpoint import layout as checkpoint_layout
 from dflash_train.control.checkpoint_list import checkpoint_list
-from dflash_train.control.tail import read_envelope
 from dflash_train.rundir import RunDir, lock_holder_pid, lock_is_held, read_json
+from dflash_train.stream.reader import StreamFacts, find_lines
 
 DEFAULT_STALL_AFTER_S = 120.0
-TAIL_BYTES = 4 << 20
 LOG_TAIL_LINES = 30
-_WANTED = ("run_start", "run_end", "step")
-
-
-@dataclass(frozen=True)
-class StreamFacts:
-    """The newest lines of one run in the stream's tail (None where absent)."""
-
-    last: protocol.StatusLine | None
-    run_start: protocol.StatusLine | None
-    run_end: protocol.StatusLine | None
-    step: protocol.StatusLine | None
-
-
-def tail_lines(path: Path, max_bytes: int) -> list[bytes]:
-    try:
-        with path.open("rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            fh.seek(max(0, size - max_bytes))
-            data = fh.read()
-    except FileNotFoundError:
-        return []
-    end = data.rfind(b"\n")
-    lines = data[:end].split(b"\n") if end >= 0 else []
-    # The first piece may be the end of a line cut by the seek.
-    return lines[1:] if size > max_bytes else lines
-
-
-def find_lines(
-    path: Path, run: str | None, *, after_seq: int = -1, max_bytes: int | None = None
-) -> StreamFacts:
-    """Newest run_start, the run_end and step after it, and the last line, of run `run`
-    (None: the stream's last run) with seq above `after_seq`. Reads only the tail and
-    decodes only the lines it keeps."""
-    found: dict[str, protocol.StatusLine] = {}
-    last: protocol.StatusLine | None = None
-    for raw in reversed(tail_lines(path, max_bytes or TAIL_BYTES)):
-        env = read_envelope(raw)
-        if env is None:
-            continue
-        if run is None:
-            run = env.run
-        if env.run != run:
-            # One stream holds one run id, so a newest line of another run means the
-            # wanted run has written nothing yet.
-            break
-        if env.seq <= after_seq:
-            break
-        if last is None or (env.kind in _WANTED and env.kind not in found):
-            decoded = protocol.decode_line(raw)
-            if not isinstance(decoded, protocol.StatusLine):
-                continue
-            last = last or decoded
-            if env.kind in _WANTED:
-                found.setdefault(env.kind, decoded)
-        if env.kind == "run_start":
-            break  # lines before it belong to an earlier start of this run id
-    return StreamFacts(last, found.get("run_start"), found.get("run_end"), found.get("step"))
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES, *, since: int = 0) -> list[str]:

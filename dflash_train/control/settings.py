@@ -9,10 +9,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dflash_train import protocol
-from dflash_train.control.run_status import tail_lines
-from dflash_train.control.tail import StreamFollower, read_envelope
 from dflash_train.rundir import RunDir, atomic_write_text, lock_is_held
-from dflash_train.status_writer import last_record
+from dflash_train.stream.follower import StreamFollower
+from dflash_train.stream.reader import last_record, read_envelope, tail_lines
 
 POLL_S = 0.2
 ANSWERS = ("control_applied", "control_rejected")

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from dflash_train import protocol
-from dflash_train.control.run_status import find_lines
 from dflash_train.rundir import RunDir, lock_holder_pid, lock_is_held, read_json
-from dflash_train.status_writer import StatusWriter, last_record
+from dflash_train.stream.reader import find_lines, last_record
+from dflash_train.stream.writer import StatusWriter
 
 POLL_S = 0.1
 KILL_WAIT_S = 15.0

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dflash_train.cached_target import CachedTarget, GraphedStep, StaticStep
+from dflash_train.decode.cached_target import CachedTarget, GraphedStep, StaticStep
 
 if TYPE_CHECKING:
-    from dflash_train.targets import Target
+    from dflash_train.targets.frozen_target import Target
 
 log = logging.getLogger(__name__)
 

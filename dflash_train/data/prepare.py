@@ -32,8 +32,8 @@ from dflash_train.data.generation import Progress
 from dflash_train.data.writer import PREPARE_INFO, token_stats, write_dataset
 
 if TYPE_CHECKING:
-    from dflash_train.cached_target import CachedTarget
-    from dflash_train.targets import Target
+    from dflash_train.decode.cached_target import CachedTarget
+    from dflash_train.targets.frozen_target import Target
 
 log = logging.getLogger(__name__)
 
@@ -395,9 +395,9 @@ def prepare_dataset(config: PrepareConfig, *, target: Target | None = None) -> d
     caller that already holds the loaded model skip a second load."""
     import torch
 
-    from dflash_train.cached_target import CachedTarget, supports
     from dflash_train.data.synth import SynthError, synthesize_prompts
-    from dflash_train.targets import load_target, resolve_target
+    from dflash_train.decode.cached_target import CachedTarget, supports
+    from dflash_train.targets.frozen_target import load_target, resolve_target
 
     config.validate()
     try:

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from dflash_train.cached_target import CachedTarget
 from dflash_train.data.chat_tokens import encode
 from dflash_train.data.generation import generate_rows
+from dflash_train.decode.cached_target import CachedTarget
 
 PREFIX = "synth:"
 TEMPERATURE = 1.0

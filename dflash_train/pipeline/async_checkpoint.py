@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from dflash_train import checkpoints
+from dflash_train.checkpoint import store as checkpoints
 
 
 class _Frozen:
@@ -63,7 +63,7 @@ class AsyncCheckpointer:
         self.last_stall_s = 0.0
         # Pinning ~12 bytes per parameter takes seconds (cudaHostAlloc): do it now, in the
         # background, so the first checkpoint does not wait for it.
-        from dflash_train.drafter import DFlashDrafter, _unwrap
+        from dflash_train.model.drafter import DFlashDrafter, _unwrap
 
         model = _unwrap(drafter)
         with torch.device("meta"):
@@ -123,7 +123,7 @@ class AsyncCheckpointer:
         return self._thread is not None and self._thread.is_alive()
 
     def _capture(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        from dflash_train.drafter import _unwrap
+        from dflash_train.model.drafter import _unwrap
 
         model = _unwrap(self.drafter)
         pin = self._pin

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dflash_train.attention_layout import (
+from dflash_train.model.attention_layout import (
     PAD_TO,
     _FlexState,
     _round_up,
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import torch
 
     from dflash_train.pipeline.drafter_step import DrafterStepper
-    from dflash_train.targets import Target
+    from dflash_train.targets.frozen_target import Target
 
 Emit = Callable[..., None]
 
@@ -152,7 +152,7 @@ def _warm_up_flex(
     on first use, as before); where that fails too, the drafter falls back to SDPA."""
     import torch
 
-    from dflash_train.drafter import _unwrap
+    from dflash_train.model.drafter import _unwrap
 
     for static in (False, True):
         if static:

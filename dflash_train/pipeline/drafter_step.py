@@ -150,7 +150,7 @@ class DrafterStepper:
     def _step(self, batch: HiddenBatch, epoch: int) -> None:
         import torch
 
-        from dflash_train.dflash_loss import dflash_forward_loss, sample_anchors
+        from dflash_train.model.dflash_loss import dflash_forward_loss, sample_anchors
 
         cfg = self.config
         self._generator.manual_seed(anchor_seed(cfg.seed, epoch, batch.position))
@@ -236,7 +236,7 @@ class DrafterStepper:
         metrics or global RNG. Returns the seconds it took."""
         import torch
 
-        from dflash_train.dflash_loss import dflash_forward_loss, sample_anchors
+        from dflash_train.model.dflash_loss import dflash_forward_loss, sample_anchors
 
         cfg = self.config
         core = self.drafter

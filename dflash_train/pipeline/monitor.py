@@ -18,7 +18,7 @@ from dflash_train.pipeline.drafter_step import MetricsSnapshot, decode_interval
 from dflash_train.pipeline.pool import HiddenStatePool, PoolStats
 from dflash_train.pipeline.stage_timers import StageTimers
 from dflash_train.pipeline.wandb_log import WandbLogger
-from dflash_train.status_writer import StatusWriter
+from dflash_train.stream.writer import StatusWriter
 
 
 @dataclass(frozen=True)
@@ -210,7 +210,7 @@ class MonitorThread(threading.Thread):
             self.writer.write(kind, **fields)
 
     def _write_step(self, record: StepRecord) -> None:
-        from dflash_train.dflash_loss import tau_from_slot_acc
+        from dflash_train.model.dflash_loss import tau_from_slot_acc
 
         figures = decode_interval(record.metrics.wait(), self.block_size)
         elapsed = max(1e-9, record.at - self._last_step_at)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from dflash_train.data.dataset import TokenDataset
     from dflash_train.pipeline.stage_timers import StageTimers
-    from dflash_train.targets import Target
+    from dflash_train.targets.frozen_target import Target
 
 
 @dataclass(frozen=True)

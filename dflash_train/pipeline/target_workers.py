@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from dflash_train.data.buckets import Batch
     from dflash_train.pipeline.stage_timers import StageTimers
-    from dflash_train.targets import Target
+    from dflash_train.targets.frozen_target import Target
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def forward_to_drafter(
 
 
 def _extract(target: Target, batch: Batch, layer_ids: Sequence[int]) -> torch.Tensor:
-    from dflash_train.targets import extract_context
+    from dflash_train.targets.frozen_target import extract_context
 
     return extract_context(target, batch.input_ids, batch.attention_mask, list(layer_ids))
 
@@ -150,7 +150,7 @@ def warm_up_target(
     thread never compiles. Uses no global RNG. Returns the seconds it took."""
     import torch
 
-    from dflash_train.targets import extract_context
+    from dflash_train.targets.frozen_target import extract_context
 
     device = target.device
     gen = torch.Generator(device=device).manual_seed(0)

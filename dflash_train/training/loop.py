@@ -131,7 +131,7 @@ def _finish(run: TrainingRun, reason: str) -> str:
 
 def _export(run: TrainingRun) -> None:
     """A failed export leaves the checkpoints and is reported; it does not fail the run."""
-    from dflash_train.checkpoint_layout import newest_of_run
+    from dflash_train.checkpoint.layout import newest_of_run
 
     assert run.monitor is not None
     run.wait_for_checkpoint()  # the newest checkpoint is on disk before it is exported
@@ -140,8 +140,8 @@ def _export(run: TrainingRun) -> None:
         return
     start = time.monotonic()
     try:
-        from dflash_train.drafter import read_drafter_config
-        from dflash_train.export import export_checkpoint, servable
+        from dflash_train.checkpoint.export import export_checkpoint, servable
+        from dflash_train.model.drafter import read_drafter_config
 
         export_checkpoint(source, run.run_dir.export)
         problem = servable(read_drafter_config(source))

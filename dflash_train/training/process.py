@@ -12,7 +12,6 @@ import uuid
 from typing import Any
 
 from dflash_train.config import TrainConfig
-from dflash_train.control.history_cache import KEPT_POINTS
 from dflash_train.pipeline.distributed import (
     RankInfo,
     RankPrefixedStream,
@@ -20,7 +19,8 @@ from dflash_train.pipeline.distributed import (
     spawn_other_ranks,
 )
 from dflash_train.rundir import LockHeld, RunDir, RunLock
-from dflash_train.status_writer import StatusWriter
+from dflash_train.stream.summary_cache import KEPT_POINTS
+from dflash_train.stream.writer import StatusWriter
 from dflash_train.training.stop_flag import StopFlag
 
 EXIT_LOCK_HELD = 3

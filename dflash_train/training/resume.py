@@ -9,10 +9,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dflash_train import checkpoint_layout, checkpoints
+from dflash_train.checkpoint import layout as checkpoint_layout
+from dflash_train.checkpoint import store as checkpoints
 
 if TYPE_CHECKING:
-    from dflash_train.drafter import DFlashConfig
+    from dflash_train.model.drafter import DFlashConfig
     from dflash_train.training.run import TrainingRun
 
 
@@ -50,7 +51,7 @@ def check_resumed_shape(run: TrainingRun, config: DFlashConfig) -> None:
 
 
 def resume(run: TrainingRun, path: Path) -> None:
-    from dflash_train.drafter import load_drafter
+    from dflash_train.model.drafter import load_drafter
 
     loaded = checkpoints.load_checkpoint(path)
     saved = load_drafter(path, run.device)

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dflash_train import checkpoint_layout, checkpoints
+from dflash_train.checkpoint import layout as checkpoint_layout
+from dflash_train.checkpoint import store as checkpoints
 from dflash_train.config import TrainConfig
 from dflash_train.pipeline.async_checkpoint import AsyncCheckpointer
 from dflash_train.pipeline.compile_warm_up import (
@@ -26,13 +27,13 @@ from dflash_train.pipeline.pool import HiddenStatePool
 from dflash_train.pipeline.sources import AsyncSource, BatchLoader, SyncSource
 from dflash_train.pipeline.stage_timers import StageTimers
 from dflash_train.rundir import RunDir
-from dflash_train.status_writer import StatusWriter
+from dflash_train.stream.writer import StatusWriter
 from dflash_train.training import resume
 from dflash_train.training.loop import run_epochs
 from dflash_train.training.stop_flag import StopFlag
 
 if TYPE_CHECKING:
-    from dflash_train.mask_token import MaskChoice
+    from dflash_train.model.mask_token import MaskChoice
     from dflash_train.pipeline.drafter_step import DrafterStepper
 
 
@@ -180,7 +181,7 @@ class TrainingRun:
         return self._plan_cache[1]
 
     def _load_models(self, torch: Any) -> None:
-        from dflash_train.targets import load_target
+        from dflash_train.targets.frozen_target import load_target
 
         self.targets = []
         for device in self.target_devices:
@@ -197,9 +198,9 @@ class TrainingRun:
             self.lm_head = copy.deepcopy(first.lm_head).to(self.device)
 
     def _build_stepper(self) -> None:
-        from dflash_train.drafter import DFlashDrafter, drafter_config_for_target
+        from dflash_train.model.drafter import DFlashDrafter, drafter_config_for_target
         from dflash_train.pipeline.drafter_step import DrafterStepper, StepConfig
-        from dflash_train.targets import context_layer_count
+        from dflash_train.targets.frozen_target import context_layer_count
 
         model, optimiser = self.config.model, self.config.optimiser
         target = self.targets[0]
@@ -248,8 +249,8 @@ class TrainingRun:
         )
 
     def _mask_choice(self) -> MaskChoice:
-        from dflash_train.drafter import read_drafter_config
-        from dflash_train.mask_token import (
+        from dflash_train.model.drafter import read_drafter_config
+        from dflash_train.model.mask_token import (
             MaskChoice,
             choose_mask,
             parse_mask_request,

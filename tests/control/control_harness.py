@@ -15,7 +15,7 @@ from typing import Any
 
 from dflash_train import protocol
 from dflash_train.rundir import RunDir, lock_is_held, read_json
-from dflash_train.status_writer import StatusWriter
+from dflash_train.stream.writer import StatusWriter
 
 # The smallest real training the trainer accepts on SmolLM2: one drafter layer, short
 # blocks, tiny batches, so steps take well under a second on a busy 2-core box.

@@ -13,8 +13,8 @@ from typing import Any
 from control_harness import decode_all, dflash_argv, run_start_fields, step_fields, write_stream
 
 from dflash_train import protocol
-from dflash_train.control.history import HistorySummary
 from dflash_train.rundir import RunDir
+from dflash_train.stream.summary import HistorySummary
 
 POINTS = 40
 

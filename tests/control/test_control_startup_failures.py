@@ -17,8 +17,9 @@ from pathlib import Path
 
 from control_harness import SMALL_TRAIN, cli, dflash_argv, trainer_env_args
 
-from dflash_train import protocol, targets
+from dflash_train import protocol
 from dflash_train.rundir import lock_is_held, read_json
+from dflash_train.targets import frozen_target as targets
 
 # Past the SIGHUP at 2 s; the trainer blocks on the FIFO for good, so any wait hangs.
 HANG_WAIT_S = 6

@@ -12,6 +12,7 @@ from control_harness import cli, run_start_fields, step_fields, write_stream
 
 from dflash_train.control import run_status as run_status_module
 from dflash_train.rundir import RunDir, RunLock, atomic_write_json
+from dflash_train.stream import reader as stream_reader
 
 
 def _started(rundir: RunDir, run_id: str, at: float) -> None:
@@ -103,7 +104,7 @@ def test_a_long_run_whose_run_start_is_far_behind(
     rundir = RunDir.at(tmp_path)
     steps = [("step", step_fields(i)) for i in range(200)]
     write_stream(rundir.status, "run-l", [("run_start", run_start_fields()), *steps])
-    monkeypatch.setattr(run_status_module, "TAIL_BYTES", 4096)  # the tail misses run_start
+    monkeypatch.setattr(stream_reader, "TAIL_BYTES", 4096)  # the tail misses run_start
     with RunLock(rundir.lock):
         info = run_status_module.run_status(rundir)
     assert info["state"] == "running" and info["starting"] is False

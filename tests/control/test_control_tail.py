@@ -18,8 +18,9 @@ from control_harness import (
     write_stream,
 )
 
-from dflash_train.control.tail import StreamFollower, offset_after_seq, read_envelope
 from dflash_train.rundir import RunDir
+from dflash_train.stream.follower import StreamFollower
+from dflash_train.stream.reader import offset_after_seq, read_envelope
 
 
 def _steps(n: int, first: int = 0) -> list[tuple[str, dict]]:

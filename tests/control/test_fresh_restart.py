@@ -13,7 +13,7 @@ from typing import Any
 from control_harness import cli, decode_all, trainer_env_args
 
 from dflash_train import protocol
-from dflash_train.checkpoints import is_complete
+from dflash_train.checkpoint.store import is_complete
 from dflash_train.rundir import lock_is_held, read_json
 
 # A randomly initialised tiny target keeps three trainer starts quick; pruning, run ids and

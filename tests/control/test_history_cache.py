@@ -14,10 +14,10 @@ from control_harness import dflash_argv, write_stream
 from test_control_history import _long_run
 
 from dflash_train import protocol
-from dflash_train.control import history_cache
-from dflash_train.control.history_cache import SAVE_AFTER_BYTES, cache_path
 from dflash_train.rundir import RunDir
-from dflash_train.status_writer import StatusWriter
+from dflash_train.stream import summary_cache as history_cache
+from dflash_train.stream.summary_cache import SAVE_AFTER_BYTES, cache_path
+from dflash_train.stream.writer import StatusWriter
 
 POINTS = "40"
 

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from dflash_train.protocol import MAX_LINE_BYTES
-from dflash_train.status_writer import StatusWriter, last_record
+from dflash_train.stream.reader import last_record
+from dflash_train.stream.writer import StatusWriter
 
 
 def _huge_event(seq: int, run: str, size: int) -> bytes:

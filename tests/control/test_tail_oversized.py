@@ -11,7 +11,7 @@ from pathlib import Path
 from control_harness import dflash_argv, run_start_fields, step_fields, write_stream
 
 from dflash_train import protocol
-from dflash_train.control.tail import StreamFollower
+from dflash_train.stream.follower import StreamFollower
 
 HUGE = 3 * protocol.MAX_LINE_BYTES
 

@@ -15,7 +15,7 @@ from dflash_train.data.dataset import load_dataset_dir
 from dflash_train.pipeline.pool import HiddenStatePool
 from dflash_train.pipeline.sources import AsyncSource, BatchLoader, EpochPlan, SyncSource
 from dflash_train.pipeline.stage_timers import StageTimers
-from dflash_train.targets import Target, load_target
+from dflash_train.targets.frozen_target import Target, load_target
 
 LAYERS = [2]
 

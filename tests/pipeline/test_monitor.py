@@ -25,7 +25,7 @@ from dflash_train.pipeline.monitor import MonitorIntervals, MonitorThread, StepR
 from dflash_train.pipeline.pool import HiddenStatePool
 from dflash_train.pipeline.stage_timers import StageTimers
 from dflash_train.rundir import atomic_write_text
-from dflash_train.status_writer import StatusWriter
+from dflash_train.stream.writer import StatusWriter
 
 FAST = MonitorIntervals(tick=0.02, queue=0.15, gpu=0.15, control=0.05, heartbeat=0.4, profile=0.3)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from dflash_train.drafter import DFlashConfig, DFlashDrafter
+from dflash_train.model.drafter import DFlashConfig, DFlashDrafter
 from dflash_train.pipeline.stage_timers import StageTimers
 from dflash_train.pipeline.target_workers import HiddenBatch
 

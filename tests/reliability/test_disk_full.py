@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_train.checkpoints import is_complete, list_checkpoints, load_checkpoint
+from dflash_train.checkpoint.store import is_complete, list_checkpoints, load_checkpoint
 from dflash_tui.sources.state import RunState
 from tests.reliability import box
 

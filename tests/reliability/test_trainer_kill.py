@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from dflash_train.checkpoints import STALL_ENV, is_complete, latest_checkpoint, step_dir_name
+from dflash_train.checkpoint.store import STALL_ENV, is_complete, latest_checkpoint, step_dir_name
 from dflash_train.protocol import Reply, StatusLine
 from dflash_tui.app import ConsoleOptions, DflashApp
 from dflash_tui.sources.transport import LocalTransport

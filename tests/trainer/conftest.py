@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from dflash_train import targets
+from dflash_train.targets import frozen_target as targets
 
 torch.set_num_threads(1)
 

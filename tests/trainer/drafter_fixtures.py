@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from dflash_train.drafter import DFlashConfig, DFlashDrafter
+from dflash_train.model.drafter import DFlashConfig, DFlashDrafter
 from dflash_train.pipeline.drafter_step import DrafterStepper, StepConfig
 from dflash_train.pipeline.stage_timers import StageTimers
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from drafter_fixtures import tiny_drafter
 
-from dflash_train import checkpoints
-from dflash_train.drafter import load_drafter
+from dflash_train.checkpoint import store as checkpoints
+from dflash_train.model.drafter import load_drafter
 from dflash_train.pipeline.async_checkpoint import AsyncCheckpointer
 
 

@@ -16,15 +16,15 @@ from drafter_fixtures import (
     tiny_stepper,
 )
 
-from dflash_train import dflash_loss
-from dflash_train.attention_layout import (
+from dflash_train.model import dflash_loss
+from dflash_train.model.attention_layout import (
     TILE,
     _FlexState,
     dense_mask,
     flex_layout,
     resolve_backend,
 )
-from dflash_train.dflash_loss import dflash_forward_loss, linear_cross_entropy, sample_anchors
+from dflash_train.model.dflash_loss import dflash_forward_loss, linear_cross_entropy, sample_anchors
 from dflash_train.pipeline.compile_warm_up import warm_up_shapes
 
 

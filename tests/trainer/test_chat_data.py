@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_train.cached_target import CachedTarget
 from dflash_train.data.chat_tokens import render
 from dflash_train.data.conversations import Message, eval_prompt, load_conversations
 from dflash_train.data.dataset import load_dataset_dir
@@ -30,8 +29,9 @@ from dflash_train.data.synth import (
     split_openers,
     synthesize_prompts,
 )
-from dflash_train.speculative import greedy_generate
-from dflash_train.targets import Target
+from dflash_train.decode.cached_target import CachedTarget
+from dflash_train.decode.speculative import greedy_generate
+from dflash_train.targets.frozen_target import Target
 
 EOS = 2  # SmolLM2's <|im_end|>
 
@@ -249,7 +249,7 @@ def test_cached_target_matches_the_hf_forward(smollm2: Target, tiny_target: Targ
 def test_the_graph_ready_step_matches_the_cached_forward(tiny_target: Target) -> None:
     """static_forward (what a CUDA graph captures: fixed shapes, whole-cache attention with
     masks, grouped-query products) computes what CachedTarget.forward does, padded rows too."""
-    from dflash_train.cached_target import static_forward
+    from dflash_train.decode.cached_target import static_forward
 
     runner = CachedTarget(tiny_target)
     prompts = torch.tensor([[1, 5, 9, 14], [0, 0, 3, 7]])
@@ -288,8 +288,8 @@ def test_the_graph_path_decodes_what_the_eager_path_does(
 ) -> None:
     """generate_rows' fixed-shape steps (what CUDA graphs capture), made again as rows
     finish and as answers pass the attention limit, give the eager path's tokens."""
-    from dflash_train.cached_target import StaticStep
     from dflash_train.data import generation
+    from dflash_train.decode.cached_target import StaticStep
 
     made: list[tuple[int, int]] = []
 

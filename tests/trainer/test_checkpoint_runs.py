@@ -10,8 +10,10 @@ import pytest
 import torch
 from drafter_fixtures import tiny_drafter
 
-from dflash_train import checkpoint_layout, checkpoints
-from dflash_train.checkpoint_layout import (
+from dflash_train.checkpoint import layout as checkpoint_layout
+from dflash_train.checkpoint import store as checkpoints
+from dflash_train.checkpoint.export import export_checkpoint
+from dflash_train.checkpoint.layout import (
     IncompatibleCheckpoint,
     check_compatible,
     check_run_id,
@@ -21,7 +23,6 @@ from dflash_train.checkpoint_layout import (
     run_folder,
     run_layout,
 )
-from dflash_train.export import export_checkpoint
 
 
 def _save(run_dir: Path, run_id: str, step: int, *, keep: int = 3, flat: bool = False) -> Path:

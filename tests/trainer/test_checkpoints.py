@@ -13,8 +13,8 @@ import pytest
 import torch
 from train_process import run_train, start_train, status_lines, train_argv
 
-from dflash_train import checkpoints
-from dflash_train.checkpoints import (
+from dflash_train.checkpoint import store as checkpoints
+from dflash_train.checkpoint.store import (
     STALL_ENV,
     TrainState,
     is_complete,
@@ -24,7 +24,7 @@ from dflash_train.checkpoints import (
     resolve_resume,
     save_checkpoint,
 )
-from dflash_train.drafter import DFlashConfig, DFlashDrafter, load_drafter
+from dflash_train.model.drafter import DFlashConfig, DFlashDrafter, load_drafter
 
 
 def _tiny_drafter() -> DFlashDrafter:

@@ -11,7 +11,7 @@ import torch
 from drafter_fixtures import open_cpu_flex_backward, tiny_drafter, tiny_stepper
 from torch._dynamo.utils import counters
 
-from dflash_train.attention_layout import _FlexState
+from dflash_train.model.attention_layout import _FlexState
 from dflash_train.pipeline.compile_warm_up import (
     compile_before_workers,
     drafter_shapes,
@@ -24,8 +24,8 @@ from dflash_train.pipeline.target_workers import (
     uncompile_target_layers,
     warm_up_target,
 )
-from dflash_train.target_presets import RANDOM_PRESETS, build_random_model
-from dflash_train.targets import Target, extract_context
+from dflash_train.targets.frozen_target import Target, extract_context
+from dflash_train.targets.presets import RANDOM_PRESETS, build_random_model
 
 
 def _fresh_tiny_target() -> Target:

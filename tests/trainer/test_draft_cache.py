@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from drafter_fixtures import frozen_head, random_context, tiny_drafter
 
-from dflash_train.draft_cache import CachedDrafter, DraftCache
+from dflash_train.decode.draft_cache import CachedDrafter, DraftCache
 
 
 def _reference(drafter, embed, context: torch.Tensor, anchor: int, token: int) -> torch.Tensor:

@@ -13,8 +13,8 @@ import pytest
 import torch
 from drafter_fixtures import HIDDEN, frozen_head, random_context, tiny_config, tiny_drafter
 
-from dflash_train.attention_layout import build_layout, dense_mask
-from dflash_train.drafter import (
+from dflash_train.model.attention_layout import build_layout, dense_mask
+from dflash_train.model.drafter import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     DFlashConfig,
@@ -24,8 +24,8 @@ from dflash_train.drafter import (
     read_drafter_config,
     save_drafter,
 )
-from dflash_train.mask_token import choose_mask
-from dflash_train.targets import Target, load_target
+from dflash_train.model.mask_token import choose_mask
+from dflash_train.targets.frozen_target import Target, load_target
 
 
 def test_config_round_trips_through_json() -> None:

@@ -13,18 +13,18 @@ import torch
 from drafter_fixtures import tiny_drafter
 
 from dflash_train import protocol
+from dflash_train.checkpoint.export import export_drafter
 from dflash_train.data.prepare import chat_prompt_ids, stop_token_ids
 from dflash_train.data.prompts import load_prompts
-from dflash_train.dflash_loss import dflash_forward_loss, sample_anchors
-from dflash_train.drafter import DFlashDrafter, drafter_config_for_target
-from dflash_train.export import export_drafter
-from dflash_train.speculative import (
+from dflash_train.decode.speculative import (
     check_compatible,
     evaluate_prompts,
     greedy_generate,
     speculative_generate,
 )
-from dflash_train.targets import Target, extract_context
+from dflash_train.model.dflash_loss import dflash_forward_loss, sample_anchors
+from dflash_train.model.drafter import DFlashDrafter, drafter_config_for_target
+from dflash_train.targets.frozen_target import Target, extract_context
 
 
 def _random_drafter(target: Target, block_size: int = 4) -> DFlashDrafter:
@@ -168,7 +168,7 @@ def test_cli_eval_refuses_a_drafter_of_another_target(tmp_path: Path) -> None:
 def test_smaller_blocks_and_timings_from_one_greedy_pass(smollm2: Target) -> None:
     """A drafter trained on blocks of 4 drafts 2 at a time too; greedy is decoded once for
     both sizes, and each summary carries the wall time of both decodings."""
-    from dflash_train.speculative import with_block_size
+    from dflash_train.decode.speculative import with_block_size
 
     ids = [chat_prompt_ids(smollm2.tokenizer, "Say OK.")]
     drafter = _random_drafter(smollm2)

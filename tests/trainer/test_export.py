@@ -13,9 +13,9 @@ import torch
 from drafter_fixtures import frozen_head, random_context, tiny_drafter
 from safetensors import safe_open
 
-from dflash_train import checkpoints, protocol
-from dflash_train.drafter import DFlashDrafter
-from dflash_train.export import (
+from dflash_train import protocol
+from dflash_train.checkpoint import store as checkpoints
+from dflash_train.checkpoint.export import (
     EXPORT_CONFIG,
     EXPORT_WEIGHTS,
     export_checkpoint,
@@ -25,6 +25,7 @@ from dflash_train.export import (
     resolve_export_source,
     servable,
 )
+from dflash_train.model.drafter import DFlashDrafter
 
 
 def _save_run_checkpoint(run_dir: Path, drafter: DFlashDrafter, step: int) -> Path:

@@ -13,12 +13,12 @@ import torch
 from reference_dflash import ReferenceDFlash
 from safetensors import safe_open
 
-from dflash_train import checkpoints
+from dflash_train.checkpoint import store as checkpoints
+from dflash_train.checkpoint.export import export_checkpoint
 from dflash_train.data.dataset import load_dataset_dir
-from dflash_train.drafter import DFlashDrafter, drafter_config_for_target
-from dflash_train.export import export_checkpoint
-from dflash_train.mask_token import choose_mask, tokens_seen
-from dflash_train.targets import Target, extract_context
+from dflash_train.model.drafter import DFlashDrafter, drafter_config_for_target
+from dflash_train.model.mask_token import choose_mask, tokens_seen
+from dflash_train.targets.frozen_target import Target, extract_context
 
 PER_LAYER = [
     "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",

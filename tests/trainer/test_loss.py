@@ -9,16 +9,16 @@ import torch
 import torch.nn.functional as F
 from drafter_fixtures import VOCAB, frozen_head, random_context, tiny_drafter
 
-from dflash_train import dflash_loss
-from dflash_train.dflash_loss import (
+from dflash_train.model import dflash_loss
+from dflash_train.model.dflash_loss import (
     dflash_forward_loss,
     sample_anchors,
     slot_decay,
     tau_from_slot_acc,
 )
-from dflash_train.drafter import DFlashDrafter, drafter_config_for_target
-from dflash_train.mask_token import choose_mask
-from dflash_train.targets import Target, extract_context
+from dflash_train.model.drafter import DFlashDrafter, drafter_config_for_target
+from dflash_train.model.mask_token import choose_mask
+from dflash_train.targets.frozen_target import Target, extract_context
 
 SIZE = 4  # the tiny drafter's block size
 

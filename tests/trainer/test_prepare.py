@@ -21,7 +21,7 @@ from dflash_train.data.prepare import (
     write_dataset,
 )
 from dflash_train.data.prompts import load_prompts
-from dflash_train.targets import Target
+from dflash_train.targets.frozen_target import Target
 
 EOS = 2  # SmolLM2's <|im_end|>, also its pad token
 

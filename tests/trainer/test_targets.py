@@ -13,14 +13,14 @@ import pytest
 import torch
 from filelock import FileLock
 
-from dflash_train import targets
-from dflash_train.target_presets import RANDOM_PRESETS, build_random_model
-from dflash_train.targets import (
+from dflash_train.targets import frozen_target as targets
+from dflash_train.targets.frozen_target import (
     Target,
     extract_context,
     resolve_target,
     target_layer_ids,
 )
+from dflash_train.targets.presets import RANDOM_PRESETS, build_random_model
 
 
 def test_resolve_forms(tmp_path: Path) -> None:
@@ -80,7 +80,7 @@ def test_resolve_rejects_unreadable_config(tmp_path: Path) -> None:
 
 def test_resolve_does_not_import_torch() -> None:
     code = (
-        "import sys; from dflash_train.targets import resolve_target; "
+        "import sys; from dflash_train.targets.frozen_target import resolve_target; "
         "resolve_target('random:qwen3-32b'); resolve_target('smollm2'); "
         "print('torch' in sys.modules, 'transformers' in sys.modules)"
     )
@@ -216,7 +216,7 @@ def test_concurrent_first_use_waits_for_one_conversion(
     dest = targets.smollm2_cache_dir()
     dest.parent.mkdir(parents=True)
     code = (
-        "from dflash_train.targets import ensure_smollm2_converted; "
+        "from dflash_train.targets.frozen_target import ensure_smollm2_converted; "
         "print(ensure_smollm2_converted())"
     )
     with FileLock(str(dest.parent / f".{dest.name}.lock")):
@@ -240,7 +240,7 @@ def test_concurrent_first_use_waits_for_one_conversion(
 
 
 def test_context_layer_count_defaults_to_five_capped_by_depth() -> None:
-    from dflash_train.targets import context_layer_count
+    from dflash_train.targets.frozen_target import context_layer_count
 
     assert context_layer_count(36, None) == 5
     assert context_layer_count(6, None) == 3  # random:tiny: 5 ids would not fit

@@ -226,8 +226,8 @@ def test_non_finite_steps_stop_the_run_and_keep_the_last_good_checkpoint(
     saved = [line["step"] for line in lines if line.kind == "checkpoint"]
     assert max(saved) >= first_bad - 1
     # Skipped steps never changed the weights, so every checkpoint holds finite weights.
-    from dflash_train.checkpoints import latest_checkpoint
-    from dflash_train.drafter import load_drafter
+    from dflash_train.checkpoint.store import latest_checkpoint
+    from dflash_train.model.drafter import load_drafter
 
     own = run_dir / "checkpoints" / lines[0].run
     drafter = load_drafter(latest_checkpoint(own))  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ import pytest
 import textual._wait as textual_wait
 
 from dflash_train.protocol import Rejected, Reply, StatusLine, decode_reply
-from dflash_train.status_writer import StatusWriter
+from dflash_train.stream.writer import StatusWriter
 from dflash_tui.sources.backoff import Backoff
 from dflash_tui.sources.known_hosts import trust_host_key
 from dflash_tui.sources.session import ConnectionState, Session
@@ -118,7 +118,7 @@ def transport_to(
 WRITER_CODE = """
 import sys, time
 from pathlib import Path
-from dflash_train.status_writer import StatusWriter
+from dflash_train.stream.writer import StatusWriter
 path, run, count, interval = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 writer = StatusWriter(path, run)
 for i in range(count):

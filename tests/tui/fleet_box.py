@@ -16,7 +16,7 @@ LIVE_RUN_CODE = """
 import sys, time
 from pathlib import Path
 from dflash_train.rundir import RunLock
-from dflash_train.status_writer import StatusWriter
+from dflash_train.stream.writer import StatusWriter
 run_dir, run = Path(sys.argv[1]), sys.argv[2]
 interval, temp = float(sys.argv[3]), float(sys.argv[4])
 with RunLock(run_dir / "run.lock"):

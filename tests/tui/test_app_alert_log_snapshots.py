@@ -11,7 +11,7 @@ import pytest
 from textual.pilot import Pilot
 
 from dflash_train import protocol
-from dflash_train.status_writer import last_record
+from dflash_train.stream.reader import last_record
 from dflash_tui.app import DflashApp
 from dflash_tui.screens.log_screen import LogScreen
 from tests.tui.console_harness import console_app, wait_until

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from dflash_train.rundir import RunLock
-from dflash_train.status_writer import StatusWriter
+from dflash_train.stream.writer import StatusWriter
 from dflash_tui.sources.backoff import Backoff
 from dflash_tui.widgets.header import RunHeader
 from tests.tui.console_harness import console_app, make_run_dir, wait_until

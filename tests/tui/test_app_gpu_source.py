@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_train.status_writer import StatusWriter
+from dflash_train.stream.writer import StatusWriter
 from dflash_tui.widgets.gpu_table import GpuTable
 from tests.tui.console_harness import console_app, wait_until
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dflash_train.protocol import MAX_LINE_BYTES, Rejected, StatusLine
-from dflash_train.status_writer import StatusWriter
+from dflash_train.stream.writer import StatusWriter
 from dflash_tui.sources.backoff import Backoff
 from dflash_tui.sources.session import (
     ConnectionState,

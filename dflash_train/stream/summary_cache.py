@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from dflash_train.control.history import HistorySummary
 from dflash_train.rundir import atomic_write_text
+from dflash_train.stream.summary import HistorySummary
 
 VERSION = 2  # 2: per-GPU power extremes, 1,000 checkpoint lines kept
 # Saved again only when at least this much more of the stream was summarised: an attach to

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dflash_train import checkpoints
+from dflash_train.checkpoint import store as checkpoints
 from dflash_train.config.train_config import RUN_ID_PATTERN
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ def _json_object(path: Path) -> dict[str, Any]:
 
 def target_identity(spec: str) -> str:
     """One name per target model: `smollm2`, `random:<preset>`, or the model dir's path."""
-    from dflash_train.targets import resolve_target
+    from dflash_train.targets.frozen_target import resolve_target
 
     try:
         resolved = resolve_target(spec)
@@ -151,7 +151,11 @@ def target_identity(spec: str) -> str:
 def facts_from_config(config: TrainConfig) -> dict[str, Any]:
     """The same facts for a run about to start with this config (torch-free: the
     target's shape comes from its config, not from loading it)."""
-    from dflash_train.targets import context_layer_count, resolve_target, target_layer_ids
+    from dflash_train.targets.frozen_target import (
+        context_layer_count,
+        resolve_target,
+        target_layer_ids,
+    )
 
     facts: dict[str, Any] = {
         "target_model": target_identity(config.train.target_model),

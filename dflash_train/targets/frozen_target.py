@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflash_train.config.environment import cache_dir_override
-from dflash_train.target_presets import RANDOM_PRESETS, build_random_model
+from dflash_train.targets.presets import RANDOM_PRESETS, build_random_model
 
 if TYPE_CHECKING:
     import torch

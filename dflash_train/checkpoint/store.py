@@ -189,7 +189,7 @@ def save_checkpoint(
     folder to the newest `keep`. Returns its path."""
     import torch
 
-    from dflash_train.drafter import save_drafter
+    from dflash_train.model.drafter import save_drafter
 
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_dir_name(state.step)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from dflash_train.drafter import CONFIG_FILE, DFlashConfig, DFlashDrafter, load_drafter
+from dflash_train.model.drafter import CONFIG_FILE, DFlashConfig, DFlashDrafter, load_drafter
 
 EXPORT_CONFIG = "config.json"
 EXPORT_WEIGHTS = "model.safetensors"
@@ -25,7 +25,7 @@ def resolve_export_source(path: str | os.PathLike[str]) -> Path:
     """A checkpoint dir (holds drafter_config.json) is itself; a run dir means the newest
     complete checkpoint of its run (run.json's run id; without one, the run that wrote
     last). Raises ValueError with a one-line reason."""
-    from dflash_train.checkpoint_layout import newest_of_run, runs_with_checkpoints
+    from dflash_train.checkpoint.layout import newest_of_run, runs_with_checkpoints
     from dflash_train.rundir import RunDir, read_json
 
     source = Path(path).expanduser().absolute()
@@ -171,8 +171,8 @@ def export_checkpoint(
 ) -> Path:
     """Export a checkpoint dir, or a run dir's newest complete checkpoint. An export that
     lands in a run dir's `export/` records the run it came from (checkpoint_layout.py)."""
-    from dflash_train.checkpoint_layout import EXPORT_INFO, export_owner, set_aside_export
-    from dflash_train.checkpoints import recorded_run
+    from dflash_train.checkpoint.layout import EXPORT_INFO, export_owner, set_aside_export
+    from dflash_train.checkpoint.store import recorded_run
 
     checkpoint = resolve_export_source(source)
     dest = Path(out).expanduser().absolute()

@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_train.attention_layout import AttentionLayout, attend, build_layout
+from dflash_train.model.attention_layout import AttentionLayout, attend, build_layout
 
 if TYPE_CHECKING:
-    from dflash_train.mask_token import MaskChoice
+    from dflash_train.model.mask_token import MaskChoice
 
 CONFIG_FILE = "drafter_config.json"
 WEIGHTS_FILE = "drafter.safetensors"
@@ -87,8 +87,8 @@ def drafter_config_for_target(
     by `num_context_layers` target layers (the reference uses as many as draft layers).
     `mask`: the trainer's choice (mask_token.py, checked against the data); without one,
     the same rule unchecked against any data."""
-    from dflash_train.mask_token import choose_mask
-    from dflash_train.targets import target_layer_ids
+    from dflash_train.model.mask_token import choose_mask
+    from dflash_train.targets.frozen_target import target_layer_ids
 
     cfg = target.model.config
     cfg = getattr(cfg, "text_config", None) or cfg

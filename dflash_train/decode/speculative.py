@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash_train.cached_target import CachedTarget, GraphedStep, StepOutput
-from dflash_train.draft_cache import CachedDrafter
-from dflash_train.drafter import DFlashDrafter
-from dflash_train.targets import ResolvedTarget, Target
+from dflash_train.decode.cached_target import CachedTarget, GraphedStep, StepOutput
+from dflash_train.decode.draft_cache import CachedDrafter
+from dflash_train.model.drafter import DFlashDrafter
+from dflash_train.targets.frozen_target import ResolvedTarget, Target
 
 log = logging.getLogger(__name__)
 

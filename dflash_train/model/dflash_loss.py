@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dflash_train.drafter import DFlashDrafter
+from dflash_train.model.drafter import DFlashDrafter
 from dflash_train.pipeline.compile_guard import GUARD
 
 # Logit elements per lm_head chunk: bounds the float32 logits held at once to about 2 GiB

@@ -15,8 +15,8 @@ import logging
 import torch
 from torch import nn
 
-from dflash_train.cached_target import capture_graph
-from dflash_train.drafter import DFlashDrafter, _apply_rotary
+from dflash_train.decode.cached_target import capture_graph
+from dflash_train.model.drafter import DFlashDrafter, _apply_rotary
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from dflash_train.targets import Target
+    from dflash_train.targets.frozen_target import Target
 
 T = TypeVar("T")
 

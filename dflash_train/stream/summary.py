@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflash_train import protocol
-from dflash_train.control.tail import ENVELOPE_PREFIX, decoded, line_time
+from dflash_train.stream.reader import ENVELOPE_PREFIX, decoded, line_time
 
 # A value's place in a line: ("loss",) or ("gpus", gpu_index, "util").
 Key = tuple[Any, ...]
