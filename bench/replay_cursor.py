@@ -3,7 +3,8 @@ STEPS steps (with matching gpu and queue lines), and what moving the time cursor
 then: a step back (first and following), a jump home, to the middle, one line back from
 the middle. Also the snapshots' memory and the process's peak RSS.
 
-    python bench/replay_cursor.py --steps 200000 --out bench/results/replay_cursor.json
+    python bench/replay_cursor.py --steps 200000 \
+        --out bench/results/console_sources_2core_<date>/replay_cursor_200k.json
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """How long RunState takes to apply a 200,000-step history (CPU seconds), the figure the
-console's attach path depends on. Writes bench/results/state_apply_<date>.json.
+console's attach path depends on. Writes
+bench/results/console_sources_2core_<date>/state_apply.json.
 
     python bench/state_apply.py [--lines 200000] [--rounds 3]
 """
@@ -85,7 +86,9 @@ def main() -> None:
         "cpus": os.cpu_count(),
     }
     print(json.dumps(result))
-    out = args.out or Path(__file__).parent / "results" / f"state_apply_{date.today()}.json"
+    folder = Path(__file__).parent / "results" / f"console_sources_2core_{date.today()}"
+    out = args.out or folder / "state_apply.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
 
 

@@ -5,8 +5,8 @@
 #           flex attention, fused CE, compiled target) for a few hundred steps
 #   flexshapes  bench/flex_shapes.py: the flex warm-up's graphs and seconds, later plan
 #           shapes' graphs (0 wanted) and ms, dynamic against static (~1-2 min)
-# Usage (repo root): OUT=/tmp/out bash bench/h200_speed_session.sh launch suite
-# Carry (ignored by git, made as bench/h200_session.sh says): .whl/ (datasets==5.2.0 dill
+# Usage (repo root): OUT=/tmp/out bash bench/scripts/h200_speed_session.sh launch suite
+# Carry (ignored by git, made as bench/scripts/h200_session.sh says): .whl/ (datasets==5.2.0 dill
 # multiprocess platformdirs), .whl_fla/ (flash-linear-attention==0.6.0 fla-core==0.6.0),
 # .devcarry/cache/models/smollm2-135m-instruct/ (tokenizer files and config.json only).
 set -uo pipefail
@@ -38,7 +38,7 @@ stage_flexshapes() {
 
 stage_launch() {
   say "synthetic data"
-  $py bench/synthetic_dataset.py --out /tmp/synth --samples 1200 --min-len 1024 --max-len 2048
+  $py bench/fixtures/synthetic_dataset.py --out /tmp/synth --samples 1200 --min-len 1024 --max-len 2048
   run=/tmp/run_speed
   say "launch"
   $py -m dflash_train launch "$run" --wait 150 --env "PYTHONPATH=$PYTHONPATH" \

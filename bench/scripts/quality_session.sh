@@ -17,19 +17,19 @@
 #          newest checkpoint of an earlier `train` call, if any), then export, eval of the 40
 #          held-out prompts x 256 (blocks 16 and 8), result.json, and held-out tau of the
 #          checkpoints in the time left
-#   OUT=/tmp/out bash bench/quality_session.sh carry smoke     # and so on
+#   OUT=/tmp/out bash bench/scripts/quality_session.sh carry smoke     # and so on
 # Run 3 (session 5), after the first two parts had travelled with other calls:
-#   SYNTH_OPENERS=32000 SYNTH_FREE=8000 PREP_LIMIT=545 bash bench/quality_session.sh data
-#   TRAIN_END_S=425 EVAL_END_S=530 bash bench/quality_session.sh train
+#   SYNTH_OPENERS=32000 SYNTH_FREE=8000 PREP_LIMIT=545 bash bench/scripts/quality_session.sh data
+#   TRAIN_END_S=425 EVAL_END_S=530 bash bench/scripts/quality_session.sh train
 # (the second `train` call resumes the newest checkpoint; GEN_BATCH=2048 for larger batches)
 # Run 4 (session 6), one GGUF part a call (calls 1-3):
-#   bash bench/quality_session.sh carry distill_smoke       # then `carry` alone
-#   SYNTH_OPENERS=52000 SYNTH_FREE=10000 GEN_BATCH=2048 PREP_LIMIT=475 bash bench/quality_session.sh data
-#   STEPS=5000 TRAIN_FLAGS="--distill 0.5" NO_MEASURE=1 TRAIN_END_S=555 bash bench/quality_session.sh train
-#   STEPS=5000 TRAIN_FLAGS="--distill 0.5" TRAIN_END_S=375 EVAL_END_S=500 bash bench/quality_session.sh train
+#   bash bench/scripts/quality_session.sh carry distill_smoke       # then `carry` alone
+#   SYNTH_OPENERS=52000 SYNTH_FREE=10000 GEN_BATCH=2048 PREP_LIMIT=475 bash bench/scripts/quality_session.sh data
+#   STEPS=5000 TRAIN_FLAGS="--distill 0.5" NO_MEASURE=1 TRAIN_END_S=555 bash bench/scripts/quality_session.sh train
+#   STEPS=5000 TRAIN_FLAGS="--distill 0.5" TRAIN_END_S=375 EVAL_END_S=500 bash bench/scripts/quality_session.sh train
 # A same-data A/B of the training signal after a `data` call (configs side by side on one GPU,
 # one schedule each, cut at the same wall time, then held-out tau of each newest checkpoint):
-#   SWEEP="c d e" STEPS=2000 SWEEP_END_S=520 bash bench/quality_session.sh sweep
+#   SWEEP="c d e" STEPS=2000 SWEEP_END_S=520 bash bench/scripts/quality_session.sh sweep
 # Wheels in .whl15/ (gguf, datasets, dill, multiprocess); results under $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/quality_out}
@@ -86,7 +86,7 @@ train() {  # train NAME DATA RUN_DIR STEPS TIMEOUT [extra flags...]
 
 stage_distill_smoke() {  # random SmolLM2 weights: config c's step time with and without --distill
   TARGET=/tmp/rand-smollm2
-  python3 bench/quality/random_smollm2.py "$TARGET" || return 1
+  python3 bench/fixtures/random_smollm2.py "$TARGET" || return 1
   cmd $DT prepare --target-model "$TARGET" "${SMOKE_PROMPTS[@]}" \
     --batch-size 1024 --device "$DEV" --out "$W/smoke_data" --overwrite >"$W/smoke_prepare.json" 2>"$W/smoke_prepare.err"
   local n
@@ -122,7 +122,7 @@ stage_carry() {  # whichever parts this call carried join the earlier calls' in 
 
 stage_smoke() {
   TARGET=/tmp/rand-smollm2
-  python3 bench/quality/random_smollm2.py "$TARGET" || return 1
+  python3 bench/fixtures/random_smollm2.py "$TARGET" || return 1
   cmd $DT prepare --target-model "$TARGET" "${SMOKE_PROMPTS[@]}" \
     --batch-size 1024 --device "$DEV" --out "$W/smoke_data" --overwrite >"$W/smoke_prepare.json" 2>"$W/smoke_prepare.err"
   tail -c 300 "$W/smoke_prepare.err" | tr '\r' '\n' | tail -2 >>"$OUT/log.txt"

@@ -10,7 +10,7 @@
 #           do not fit beside a 1.8B drafter without activation checkpointing), with
 #           flash-linear-attention when it runs there, else transformers' reference kernels.
 #   runs = single ddp; bench = bench8b hybrid.
-# Usage (repo root): OUT=/tmp/out bash bench/h200_session.sh STAGE...
+# Usage (repo root): OUT=/tmp/out bash bench/scripts/h200_session.sh STAGE...
 # Everything lands in $OUT/session.tar.gz (status streams, JSON replies, logs, bench JSON).
 # The GPU image lacks a few packages; carry them (ignored by git, rebuild them here first):
 #   .whl/      python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12
@@ -74,7 +74,7 @@ common=(--target-model random:qwen3-8b --data-dir /tmp/synth --draft-layers 2 --
         --hs-min-ready 2 --tokens-per-batch 16384 --num-anchors 512)
 synthetic_data() {
   [ -d /tmp/synth ] && return
-  say "synthetic data"; $py bench/synthetic_dataset.py --out /tmp/synth --samples 3000 --min-len 512 --max-len 4096
+  say "synthetic data"; $py bench/fixtures/synthetic_dataset.py --out /tmp/synth --samples 3000 --min-len 512 --max-len 4096
 }
 
 stage_single() {

@@ -5,8 +5,8 @@
 # `dflash-train eval` measures the export on the 40 held-out prompts (greedy, fp32, lossless
 # checked, batch 1, blocks of 16 and 8). Everything the report needs lands in $OUT.
 #
-#   bench/quality_smollm2.sh smoke   # SmolLM2-shaped random weights: timings for planning
-#   bench/quality_smollm2.sh real    # the run (needs the GGUF, see below)
+#   bench/scripts/quality_smollm2.sh smoke   # SmolLM2-shaped random weights: timings for planning
+#   bench/scripts/quality_smollm2.sh real    # the run (needs the GGUF, see below)
 #
 # On the device machine (bare image): wheels in .whl15/ (gguf, datasets, dill,
 # multiprocess); the 98 MB GGUF travels as .weights15/part-aa (smoke call, copied to /tmp)
