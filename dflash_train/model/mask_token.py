@@ -1,4 +1,4 @@
-"""Which token fills the block slots after the anchor (DFLASH.md). Inference engines (z-lab's
+"""Which token fills the block slots after the anchor (docs/architecture.md). Inference engines (z-lab's
 `dflash_generate`, vLLM, SGLang) embed an integer `mask_token_id` with the target's own
 table, so the default is always a real row of it:
 

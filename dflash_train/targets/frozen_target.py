@@ -240,7 +240,7 @@ def context_layer_count(num_layers: int, requested: int | None) -> int:
 
 
 def target_layer_ids(num_layers: int, k: int) -> list[int]:
-    """DFLASH.md: k ids spread from layer 1 to layer L-3; a single id is L//2."""
+    """The DFlash recipe: k ids spread from layer 1 to layer L-3; a single id is L//2."""
     if k < 1:
         raise ValueError(f"target layers: k must be at least 1, got {k}")
     if k == 1:
