@@ -1,5 +1,6 @@
 """The DFlash drafter: a small Qwen3-style decoder whose keys and values are the projected
-target context followed by the block tokens (docs/architecture.md), plus its config and its files."""
+target context followed by the block tokens (docs/architecture.md), plus its config and its
+files."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Which token fills the block slots after the anchor (docs/architecture.md). Inference engines (z-lab's
-`dflash_generate`, vLLM, SGLang) embed an integer `mask_token_id` with the target's own
-table, so the default is always a real row of it:
+"""Which token fills the block slots after the anchor (docs/architecture.md). Inference
+engines (z-lab's `dflash_generate`, vLLM, SGLang) embed an integer `mask_token_id` with the
+target's own table, so the default is always a real row of it:
 
 1. the tokenizer's mask token;
 2. else the first row of the embedding table past the tokenizer (Qwen3: 151669);
