@@ -8,8 +8,7 @@ import math
 import os
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from textual import on, work
@@ -26,7 +25,8 @@ from dflash_tui.screens.host_key_prompt import HostKeyPrompt
 from dflash_tui.screens.main import MainScreen
 from dflash_tui.screens.reply import ReplyDialog, reply_line
 from dflash_tui.screens.restart_dialog import RestartRequest
-from dflash_tui.sources.alerts import DEFAULT_CHANNELS, Alert, AlertTracker, osc_notification
+from dflash_tui.sources.alerts import Alert, AlertTracker, osc_notification
+from dflash_tui.sources.console_options import ConsoleOptions
 from dflash_tui.sources.gpu_source import GpuSourcePicker
 from dflash_tui.sources.known_hosts import trust_host_key
 from dflash_tui.sources.session import ConnectionState, InputError, ReadOnlyError, Session
@@ -43,27 +43,6 @@ ALERT_TOAST_S = 7 * 24 * 3600.0
 REPLY_TOAST_S = 8.0
 # How often a silent or crashed run is checked with `dflash-train status`.
 STATUS_EVERY_S = 30.0
-
-
-@dataclass(frozen=True)
-class ConsoleOptions:
-    """Everything the app needs to know about where it points, gathered by the CLI."""
-
-    target_name: str
-    run_dir: str
-    read_only: bool = False
-    python: str | None = None
-    launch_defaults: Mapping[str, str] = field(default_factory=dict)
-    theme: str | None = None
-    remember: Callable[[str, Any], None] | None = None
-    # hs_min_ready the operator last set live (kept in the profile): restarts offer it.
-    remembered_min_ready: int | None = None
-    follow_gpus: bool = True
-    history_points: int = 400
-    # How alerts reach the operator (the profile's `alerts`): bell, toast, osc.
-    alerts: tuple[str, ...] = DEFAULT_CHANNELS
-    # A NAME=VALUE file on the box for the trainer (W&B keys): only its path is sent.
-    env_file: str | None = None
 
 
 Startup = Callable[["DflashApp"], Awaitable[None]]

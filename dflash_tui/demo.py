@@ -167,8 +167,8 @@ async def start_demo_run(app: DflashApp, paths: DemoPaths) -> None:
 
 
 def run_demo(*, watch: bool = False, theme: str | None = None) -> int:
-    from dflash_tui.app import ConsoleOptions, DflashApp
-    from dflash_tui.cli import remember_in
+    from dflash_tui.app import DflashApp
+    from dflash_tui.sources.console_options import ConsoleOptions, remember_in
     from dflash_tui.sources.profiles import Profile, load_config
     from dflash_tui.sources.transport import LocalTransport
 

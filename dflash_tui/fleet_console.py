@@ -17,6 +17,7 @@ from dflash_tui import themes
 from dflash_tui.app import DflashApp
 from dflash_tui.screens.add_profile import profile_from_fields
 from dflash_tui.screens.fleet import FleetScreen
+from dflash_tui.sources.console_options import console_options
 from dflash_tui.sources.fleet import Fleet
 from dflash_tui.sources.host_link import default_transport
 from dflash_tui.sources.profiles import Profile, ProfileError, add_profile, load_config
@@ -89,8 +90,6 @@ class FleetDashboardApp(DflashApp):
 
 def dashboard_for(fleet: Fleet, name: str, *, watch: bool, theme: str | None) -> DflashApp:
     # The CLI's own options: the dashboard reads exactly as `dflash-tui PROFILE` does.
-    from dflash_tui.cli import console_options
-
     profile = fleet.rows[name].profile
     if watch or watch_only_forced():
         profile = replace(profile, watch=True)

@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dflash_train.protocol import ROTATED_STREAM
-from dflash_tui import cli
+from dflash_tui.destination import (
+    UsageError,
+    add_destination_options,
+    build_parser,
+    check_theme,
+    choose_profile,
+    exec_prefix,
+    wants_fleet,
+)
+from dflash_tui.sources.console_options import ConsoleOptions
 from dflash_tui.sources.session import WATCH_ONLY_ENV
 
 if TYPE_CHECKING:
@@ -36,7 +45,7 @@ def replay_parser() -> argparse.ArgumentParser:
         help="a run directory (its status.jsonl), or a status stream file on this machine "
         "(a rotated status.<run_id>.jsonl too)",
     )
-    cli.add_destination_options(
+    add_destination_options(
         parser,
         where_help="where RUN_DIR is: a profile or an SSH destination; none means this machine",
         run_dir=False,
@@ -45,21 +54,20 @@ def replay_parser() -> argparse.ArgumentParser:
 
 
 def build_replay(args: argparse.Namespace) -> ReplayApp:
-    from dflash_tui.app import ConsoleOptions
     from dflash_tui.replay_app import ReplayApp
     from dflash_tui.sources.replay import ReplayError, stream_path
     from dflash_tui.sources.transport import LocalTransport
 
-    prefix = cli.exec_prefix(args)
+    prefix = exec_prefix(args)
     path = args.path
     if args.where in LOCAL_NAMES and not prefix:
         try:
             stream = stream_path(Path(path).expanduser())
         except ReplayError as exc:
-            raise cli.UsageError(f"replay: {exc}") from None
+            raise UsageError(f"replay: {exc}") from None
         if not stream.is_file():
-            raise cli.UsageError(f"replay: {stream}: no such status stream")
-        cli.check_theme(args.theme)
+            raise UsageError(f"replay: {stream}: no such status stream")
+        check_theme(args.theme)
         options = ConsoleOptions(
             target_name="local", run_dir=str(stream.parent), read_only=True, theme=args.theme
         )
@@ -69,15 +77,15 @@ def build_replay(args: argparse.Namespace) -> ReplayApp:
         name = Path(path).name
         if name != "status.jsonl":
             if not ROTATED_STREAM.fullmatch(name):
-                raise cli.UsageError(
+                raise UsageError(
                     f"replay: {name!r} is neither status.jsonl nor a rotated status.<run_id>.jsonl"
                 )
             stream_name = name
         path = str(Path(path).parent)
     args.run_dir = path
     args.watch = True
-    profile = cli.choose_profile(args, prefix)
-    cli.check_theme(profile.theme)
+    profile = choose_profile(args, prefix)
+    check_theme(profile.theme)
     transport = profile.transport()
     options = ConsoleOptions(
         target_name=transport.description,
@@ -120,21 +128,21 @@ def serve_command(destination: Sequence[str]) -> str:
 
 def check_destination(destination: Sequence[str]) -> None:
     """Fail here, with the usual one line, rather than in every browser's console."""
-    parser = cli.build_parser()
+    parser = build_parser()
     args = parser.parse_args(list(destination))
     if args.where == "demo":
-        raise cli.UsageError("serve: the demo launches a run; serve a real destination")
-    if args.where is None and cli.wants_fleet(args):
+        raise UsageError("serve: the demo launches a run; serve a real destination")
+    if args.where is None and wants_fleet(args):
         # The fleet hands over to a dashboard by ending one app and starting the next,
         # which a browser session would see as its end.
-        raise cli.UsageError("serve: give a destination (a profile or a host), not the fleet")
-    profile = cli.choose_profile(args, cli.exec_prefix(args))
-    cli.check_theme(profile.theme)
+        raise UsageError("serve: give a destination (a profile or a host), not the fleet")
+    profile = choose_profile(args, exec_prefix(args))
+    check_theme(profile.theme)
 
 
 def run_serve(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
-        raise cli.UsageError(f"--port: {args.port} is not in 1..65535")
+        raise UsageError(f"--port: {args.port} is not in 1..65535")
     check_destination(args.destination)
     from textual_serve.server import Server
 
@@ -187,7 +195,7 @@ def fleet_parser() -> argparse.ArgumentParser:
 def run_fleet(args: argparse.Namespace) -> int:
     from dflash_tui.fleet_console import run_fleet_console
 
-    cli.check_theme(args.theme)
+    check_theme(args.theme)
     return run_fleet_console(watch=args.watch, theme=args.theme)
 
 
@@ -204,7 +212,7 @@ def main(command: str, argv: Sequence[str]) -> int:
         if command == "fleet":
             return run_fleet(args)
         app = build_replay(args)
-    except cli.UsageError as exc:
+    except UsageError as exc:
         parser.error(str(exc))
     except ValueError as exc:  # ProfileError, InputError: one line naming the field
         parser.exit(2, f"dflash-tui {command}: {exc}\n")

@@ -42,7 +42,7 @@ def test_console_sources_name_only_protocol_and_config() -> None:
             found[path.relative_to(ROOT).as_posix()] = bad
     assert found == {}
     assert _trainer_imports(ast.parse("from dflash_train import targets")) == [
-        "dflash_train.targets.frozen_target"
+        "dflash_train.targets"
     ]
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from dflash_train.model.compile_guard import GUARD
 from dflash_train.model.drafter import DFlashDrafter
-from dflash_train.pipeline.compile_guard import GUARD
 
 # Logit elements per lm_head chunk: bounds the float32 logits held at once to about 2 GiB
 # whatever the vocab (3,532 rows of Qwen3's 151,936).

@@ -96,7 +96,7 @@ class AsyncCheckpointer:
         (a previous write still running, plus the copies). Raises a failed earlier write."""
         start = time.monotonic()
         self.wait()
-        from dflash_train.pipeline.compile_guard import GUARD
+        from dflash_train.model.compile_guard import GUARD
 
         with GUARD.held():  # reads the live modules: not beside another thread's compile
             optimizer, scheduler = self._capture()

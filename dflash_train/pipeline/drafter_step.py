@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dflash_train.pipeline.compile_guard import GUARD
+from dflash_train.model.compile_guard import GUARD
 
 if TYPE_CHECKING:
     import torch

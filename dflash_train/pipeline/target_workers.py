@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dflash_train.pipeline.compile_guard import GUARD
+from dflash_train.model.compile_guard import GUARD
 from dflash_train.pipeline.pool import HiddenStatePool, PoolClosed
 
 if TYPE_CHECKING:

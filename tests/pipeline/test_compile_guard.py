@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from dflash_train.pipeline.compile_guard import ModuleLock
+from dflash_train.model.compile_guard import ModuleLock
 
 
 def test_held_excludes_other_threads_and_paused_lets_them_in() -> None:

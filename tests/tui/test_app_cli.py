@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from dflash_tui import cli, themes
+from dflash_tui import destination, themes
+from dflash_tui.sources.console_options import form_defaults, remember_in
 from dflash_tui.sources.profiles import LaunchDefaults, Profile, load_config, save_config
 
 FLAGS = ["--run-dir", "/data/runs/r1"]
 
 
 def parse(*argv: str):  # type: ignore[no-untyped-def]
-    args = cli.build_parser().parse_args(list(argv))
-    return args, cli.exec_prefix(args)
+    args = destination.build_parser().parse_args(list(argv))
+    return args, destination.exec_prefix(args)
 
 
 def test_help_works_without_connecting() -> None:
@@ -36,14 +37,14 @@ def test_help_works_without_connecting() -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("gpu-box", cli.HostSpec("gpu-box", None, None)),
-        ("root@gpu-box", cli.HostSpec("gpu-box", "root", None)),
-        ("root@10.0.0.5:2222", cli.HostSpec("10.0.0.5", "root", 2222)),
-        ("[::1]:2200", cli.HostSpec("::1", None, 2200)),
+        ("gpu-box", destination.HostSpec("gpu-box", None, None)),
+        ("root@gpu-box", destination.HostSpec("gpu-box", "root", None)),
+        ("root@10.0.0.5:2222", destination.HostSpec("10.0.0.5", "root", 2222)),
+        ("[::1]:2200", destination.HostSpec("::1", None, 2200)),
     ],
 )
-def test_destinations(text: str, expected: cli.HostSpec) -> None:
-    assert cli.parse_host(text) == expected
+def test_destinations(text: str, expected: destination.HostSpec) -> None:
+    assert destination.parse_host(text) == expected
 
 
 @pytest.mark.parametrize(
@@ -51,8 +52,8 @@ def test_destinations(text: str, expected: cli.HostSpec) -> None:
     [("box:ssh", "port 'ssh'"), ("box:70000", "1..65535"), ("root@", "no host name")],
 )
 def test_bad_destinations_name_the_problem(text: str, message: str) -> None:
-    with pytest.raises(cli.UsageError, match=message):
-        cli.parse_host(text)
+    with pytest.raises(destination.UsageError, match=message):
+        destination.parse_host(text)
 
 
 def test_container_and_exec_prefix() -> None:
@@ -63,9 +64,9 @@ def test_container_and_exec_prefix() -> None:
         "-i",
         "my trainer",
     ]
-    with pytest.raises(cli.UsageError, match="numeric container id"):
+    with pytest.raises(destination.UsageError, match="numeric container id"):
         parse("box", "--container", "200; rm -rf /")
-    with pytest.raises(cli.UsageError, match="cannot split"):
+    with pytest.raises(destination.UsageError, match="cannot split"):
         parse("box", "--exec-prefix", "docker 'open")
 
 
@@ -81,18 +82,18 @@ def test_profile_with_flags_on_top(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     box = Profile("box", host="gpu-box", container="200", run_dir="/r", launch=launch)
     save_config(load_config(config).__class__({"box": box}), config)
     args, prefix = parse("box", "--watch", "--theme", "dflash-light")
-    profile = cli.choose_profile(args, prefix)
+    profile = destination.choose_profile(args, prefix)
     assert (profile.host, profile.command_prefix(), profile.run_dir) == (
         "gpu-box",
         ("pct", "exec", "200", "--"),
         "/r",
     )
     assert profile.watch and profile.theme == "dflash-light"
-    form = cli.form_defaults(profile.launch)
+    form = form_defaults(profile.launch)
     assert form["target_model"] == "Qwen/Qwen3-8B" and form["epochs"] == "6"
     assert form["extra"] == "--max-length 4096"
     args, prefix = parse("root@other:2222", "--exec-prefix", "docker exec t", *FLAGS)
-    adhoc = cli.choose_profile(args, prefix)
+    adhoc = destination.choose_profile(args, prefix)
     assert (adhoc.host, adhoc.user, adhoc.port) == ("other", "root", 2222)
     assert adhoc.command_prefix() == ("docker", "exec", "t") and adhoc.run_dir == "/data/runs/r1"
 
@@ -104,18 +105,18 @@ def test_remembering_for_a_host_keeps_it_a_host(
     only hs_min_ready, and the next console for the same destination ran locally."""
     monkeypatch.setenv("DFLASH_CONFIG", str(tmp_path / "config.toml"))
     args, prefix = parse("root@127.0.0.1:2222", "--watch", "--run-dir", "/r")
-    cli.remember_in(cli.choose_profile(args, prefix))("hs_min_ready", 4)
+    remember_in(destination.choose_profile(args, prefix))("hs_min_ready", 4)
     args, prefix = parse("root@127.0.0.1:2222")
-    again = cli.choose_profile(args, prefix)
+    again = destination.choose_profile(args, prefix)
     assert (again.host, again.user, again.port) == ("127.0.0.1", "root", 2222)
     assert again.launch.hs_min_ready == 4
     assert not again.watch and again.run_dir != "/r"  # one session's flags are not stored
 
 
 def test_unknown_theme_name_is_refused() -> None:
-    with pytest.raises(cli.UsageError, match=r"unknown theme 'neon' \(known: dflash-dark"):
-        cli.check_theme("neon")
-    cli.check_theme("dflash-high-contrast")
+    with pytest.raises(destination.UsageError, match=r"unknown theme 'neon' \(known: dflash-dark"):
+        destination.check_theme("neon")
+    destination.check_theme("dflash-high-contrast")
 
 
 def test_unknown_theme_file_keys_are_refused(tmp_path: Path) -> None:

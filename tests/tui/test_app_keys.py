@@ -11,7 +11,6 @@ from rich.console import Console
 from textual.widgets import Input, RadioButton, Static
 
 from dflash_train import protocol
-from dflash_tui.cli import remember_in
 from dflash_tui.keymap import KEYMAP, PANES
 from dflash_tui.screens.confirm import ConfirmDialog
 from dflash_tui.screens.help import HelpScreen, keys_table
@@ -20,6 +19,7 @@ from dflash_tui.screens.main import PANE_IDS
 from dflash_tui.screens.min_ready_prompt import MinReadyPrompt
 from dflash_tui.screens.reply import ReplyDialog
 from dflash_tui.screens.restart_dialog import RestartDialog
+from dflash_tui.sources.console_options import remember_in
 from dflash_tui.sources.profiles import Profile, load_config
 from dflash_tui.widgets.header import RunHeader
 from dflash_tui.widgets.loss_plot import LossPane

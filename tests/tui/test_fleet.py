@@ -281,14 +281,14 @@ async def test_fleet_over_two_openssh_servers_and_a_dead_port(
 def test_no_destination_opens_the_fleet_when_profiles_exist(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dflash_tui import cli
+    from dflash_tui.destination import build_parser, wants_fleet
 
     config = tmp_path / "config.toml"
     monkeypatch.setenv("DFLASH_CONFIG", str(config))
-    parse = cli.build_parser().parse_args
-    assert not cli.wants_fleet(parse([]))  # no config: the console of this machine
+    parse = build_parser().parse_args
+    assert not wants_fleet(parse([]))  # no config: the console of this machine
     config.write_text('[profiles.one]\nrun_dir = "/r"\n')
-    assert cli.wants_fleet(parse([])) and cli.wants_fleet(parse(["--watch"]))
-    assert not cli.wants_fleet(parse(["one"])) and not cli.wants_fleet(parse(["--run-dir", "/x"]))
+    assert wants_fleet(parse([])) and wants_fleet(parse(["--watch"]))
+    assert not wants_fleet(parse(["one"])) and not wants_fleet(parse(["--run-dir", "/x"]))
     config.write_text('default_profile = "one"\n[profiles.one]\nrun_dir = "/r"\n')
-    assert not cli.wants_fleet(parse([]))  # the default profile, as before
+    assert not wants_fleet(parse([]))  # the default profile, as before
