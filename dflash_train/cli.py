@@ -7,6 +7,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from dflash_train import DISTRIBUTION, __version__
+
 # name -> (module under dflash_train.commands, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("prepare", "have the target answer prompts and write a tokenized dataset"),
@@ -33,6 +35,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         description="Train DFlash drafters and control training runs. Control commands "
         "print one JSON reply on stdout.",
     )
+    parser.add_argument(
+        "--version", action="version", version=f"dflash-train {__version__} ({DISTRIBUTION})"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         if only is not None and name != only:
@@ -47,6 +52,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     only = words[0] if words and words[0] in SUBCOMMANDS else None
+    if words == ["--version"]:
+        only = ""  # no command module to import for the version
     args = build_parser(only).parse_args(words)
     return int(args._module.run(args) or 0)
 

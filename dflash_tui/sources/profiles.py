@@ -1,20 +1,23 @@
 """Connection profiles in the console's TOML config file (platformdirs' user config dir, or
 $DFLASH_CONFIG): where the box is, how to reach its trainer, the run directory, and the
 default launch arguments. Bad entries fail with a one-line error naming the field;
-writes are atomic."""
+writes are atomic and go through tomlkit, which edits the user's document in place: their
+comments, order and layout survive every write."""
 
 from __future__ import annotations
 
 import os
 import sys
 import tempfile
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import platformdirs
-import tomli_w
+import tomlkit
+from tomlkit.exceptions import TOMLKitError
+from tomlkit.items import Table
 
 from dflash_tui.sources.alerts import DEFAULT_CHANNELS, check_channels
 from dflash_tui.sources.session import DEFAULT_TRAINER, check_inert
@@ -222,10 +225,18 @@ class Config:
 def load_config(path: Path | None = None) -> Config:
     path = path or config_path()
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return Config({})
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"{path}: not valid TOML: {exc}") from None
+    return _parse_config(text, path)
+
+
+def _parse_config(text: str, path: Path) -> Config:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"{path}: not valid TOML: {exc}") from None
     default = data.get("default_profile")
     if default is not None:
@@ -261,12 +272,52 @@ def _profile_table(profile: Profile) -> dict[str, Any]:
 
 
 def save_config(config: Config, path: Path | None = None) -> None:
-    path = path or config_path()
+    """Write `config` whole (a new file's layout: tomlkit's)."""
     data: dict[str, Any] = {}
     if config.default_profile is not None:
         data["default_profile"] = config.default_profile
     data["profiles"] = {name: _profile_table(p) for name, p in config.profiles.items()}
-    atomic_write_text(path, tomli_w.dumps(data))
+    _write_checked(path or config_path(), tomlkit.dumps(data))
+
+
+def _write_checked(path: Path, text: str) -> Config:
+    """Replace the file only with text that `load_config` reads back: a bad entry elsewhere
+    in the file fails the write, naming its field, and leaves the file as it was."""
+    config = _parse_config(text, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, text)
+    return config
+
+
+def _edit_config(path: Path | None, edit: Callable[[Table], None]) -> Config:
+    """Parse the file with tomlkit, let `edit` change the document and its `profiles`
+    table in place, and write it back: everything `edit` did not touch stays byte for byte."""
+    path = path or config_path()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        text = ""
+    try:
+        document = tomlkit.parse(text)
+    except TOMLKitError as exc:
+        raise ProfileError(f"{path}: not valid TOML: {exc}") from None
+    profiles = document.get("profiles")
+    if profiles is None:
+        profiles = tomlkit.table(is_super_table=True)
+        document["profiles"] = profiles
+    elif not isinstance(profiles, dict):
+        raise ProfileError(f"{path}: profiles: expected a table of profiles")
+    edit(profiles)
+    return _write_checked(path, tomlkit.dumps(document))
+
+
+def _new_entry(profile: Profile) -> Table:
+    table = _profile_table(profile)
+    parse_profile(profile.name, table)
+    entry = tomlkit.table()
+    for key, value in table.items():
+        entry[key] = value
+    return entry
 
 
 REMEMBERED = {"theme": "theme", "hs_min_ready": "launch.hs_min_ready"}
@@ -285,51 +336,33 @@ def remember(
     destination, so the name keeps meaning that host); other entries are kept as they were."""
     if key not in REMEMBERED:
         raise ProfileError(f"{key}: not a remembered setting (known: {', '.join(REMEMBERED)})")
-    config = load_config(path)
-    current = config.profiles.get(profile, new or Profile(profile))
     if key == "theme":
-        updated = replace(current, theme=_check("theme", value, str, "text"))
+        _check("theme", value, str, "text")
     else:
-        number = _check(key, value, int, "an integer")
-        updated = replace(current, launch=replace(current.launch, hs_min_ready=number))
-    save_config(Config({**config.profiles, profile: updated}, config.default_profile), path)
-    return updated
+        _check(key, value, int, "an integer")
+
+    def edit(profiles: Table) -> None:
+        if profile not in profiles:
+            profiles[profile] = _new_entry(new or Profile(profile))
+        entry = profiles[profile]
+        if key == "theme":
+            entry["theme"] = value
+        elif "launch" in entry:
+            entry["launch"]["hs_min_ready"] = value
+        else:
+            entry["launch"] = {"hs_min_ready": value}
+
+    return _edit_config(path, edit).get(profile)
 
 
 def add_profile(profile: Profile, path: Path | None = None) -> None:
     """Append a profile to the config file, keeping the user's comments, order and layout
     (tomlkit edits the document in place); the result is checked as `load_config` reads it
     before it replaces the file."""
-    import tomlkit
-    from tomlkit.exceptions import TOMLKitError
 
-    path = path or config_path()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        text = ""
-    try:
-        document = tomlkit.parse(text)
-    except TOMLKitError as exc:
-        raise ProfileError(f"{path}: not valid TOML: {exc}") from None
-    table = _profile_table(profile)
-    parse_profile(profile.name, table)
-    profiles = document.get("profiles")
-    if profiles is None:
-        profiles = tomlkit.table(is_super_table=True)
-        document["profiles"] = profiles
-    elif not isinstance(profiles, dict):
-        raise ProfileError(f"{path}: profiles: expected a table of profiles")
-    if profile.name in profiles:
-        raise ProfileError(f"profile {profile.name!r}: already in {path}")
-    entry = tomlkit.table()
-    for key, value in table.items():
-        entry[key] = value
-    profiles[profile.name] = entry
-    updated = tomlkit.dumps(document)
-    try:
-        tomllib.loads(updated)
-    except tomllib.TOMLDecodeError as exc:  # pragma: no cover - tomlkit wrote bad TOML
-        raise ProfileError(f"{path}: the new profile would not read back: {exc}") from None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, updated)
+    def edit(profiles: Table) -> None:
+        if profile.name in profiles:
+            raise ProfileError(f"profile {profile.name!r}: already in {path or config_path()}")
+        profiles[profile.name] = _new_entry(profile)
+
+    _edit_config(path, edit)

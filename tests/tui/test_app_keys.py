@@ -11,6 +11,7 @@ from rich.console import Console
 from textual.widgets import Input, RadioButton, Static
 
 from dflash_train import protocol
+from dflash_tui.cli import remember_in
 from dflash_tui.keymap import KEYMAP, PANES
 from dflash_tui.screens.confirm import ConfirmDialog
 from dflash_tui.screens.help import HelpScreen, keys_table
@@ -19,7 +20,6 @@ from dflash_tui.screens.main import PANE_IDS
 from dflash_tui.screens.min_ready_prompt import MinReadyPrompt
 from dflash_tui.screens.reply import ReplyDialog
 from dflash_tui.screens.restart_dialog import RestartDialog
-from dflash_tui.sources.console_options import remember_in
 from dflash_tui.sources.profiles import Profile, load_config
 from dflash_tui.widgets.header import RunHeader
 from dflash_tui.widgets.loss_plot import LossPane
@@ -206,6 +206,39 @@ async def test_theme_key_cycles_and_is_remembered(tmp_path: Path, config_file: P
         await pilot.press("t")
         chosen = app.theme
     assert load_config(config_file).profiles["box"].theme == chosen
+
+
+COMMENTED = """# my boxes
+default_profile = "box"  # the one I use
+
+[profiles.box]
+# the trainer box in the rack
+run_dir = "/data/runs/r1"   # aligned by hand
+theme = "dflash-dark"
+launch = { epochs = 6, hs_min_ready = 30 }  # inline, kept inline
+"""
+
+
+async def test_theme_key_keeps_a_commented_config_byte_for_byte(
+    tmp_path: Path, config_file: Path
+) -> None:
+    config_file.write_text(COMMENTED)
+    async with attached(make_run_dir(tmp_path), remember=remember_in(Profile("box"))) as (
+        app,
+        pilot,
+        _,
+    ):
+        await pilot.press("t")
+        chosen = app.theme
+        assert chosen != "dflash-dark"
+        await pilot.press("m")
+        app.screen.query_one("#value", Input).value = "7"
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: "hs_min_ready = 7" in config_file.read_text())
+    expected = COMMENTED.replace('theme = "dflash-dark"', f'theme = "{chosen}"').replace(
+        "hs_min_ready = 30", "hs_min_ready = 7"
+    )
+    assert config_file.read_text() == expected
 
 
 async def test_theme_flag_and_palette_entries(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from dflash_tui.sources.profiles import (
     LaunchDefaults,
     Profile,
     ProfileError,
+    add_profile,
     config_path,
     load_config,
     remember,
@@ -159,3 +160,24 @@ def test_remember_theme_and_min_ready_keeps_the_rest(tmp_path: Path) -> None:
     with pytest.raises(ProfileError, match="colour: not a remembered setting"):
         remember("gpu1", "colour", "red", path)
     assert load_config(path).get("gpu1").launch.hs_min_ready == 12
+
+
+def test_remember_and_add_profile_keep_comments_and_layout(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    text = "# top\n" + GOOD.replace("port = 2222", "port = 2222  # sshd on the box")
+    path.write_text(text)
+    remember("gpu1", "hs_min_ready", 12, path)
+    expected = text.replace("hs_min_ready = 30", "hs_min_ready = 12")
+    assert path.read_text() == expected
+    add_profile(Profile("new", host="n.example"), path)
+    assert path.read_text().startswith(expected)
+    assert load_config(path).get("new").host == "n.example"
+
+
+def test_a_write_that_would_not_load_leaves_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(GOOD + "\n[profiles.bad]\nport = 0\n")
+    before = path.read_text()
+    with pytest.raises(ProfileError, match=r"bad.port: 0 is out of range"):
+        remember("gpu1", "theme", "dflash-light", path)
+    assert path.read_text() == before
