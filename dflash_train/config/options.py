@@ -77,6 +77,7 @@ class Option:
     env: str | None = None  # an environment variable that may set it
     metavar: str | None = None
     live: bool = False  # changeable while the run trains (`dflash-train set`)
+    repeatable: bool = False  # the flag may be given again; the values form a tuple
     rule: Callable[[Any], None] | None = None  # more checks of a parsed value (OptionError)
 
     @property

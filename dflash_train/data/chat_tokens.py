@@ -6,7 +6,7 @@ and only assistant turns (up to and including their end-of-turn token) get loss.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dflash_train.data.conversations import Conversation, Message
@@ -16,11 +16,20 @@ class ChatTemplateError(ValueError):
     """The target's chat template cannot be split into turns (one line, for the operator)."""
 
 
-def render(tokenizer: Any, messages: Sequence[Message], generation_prompt: bool) -> str:
+def render(
+    tokenizer: Any,
+    messages: Sequence[Message],
+    generation_prompt: bool,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """`template_kwargs` go to the template itself (`enable_thinking` for Qwen3's)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ChatTemplateError("target: its tokenizer has no chat template")
     return tokenizer.apply_chat_template(
-        [m.as_dict() for m in messages], add_generation_prompt=generation_prompt, tokenize=False
+        [m.as_dict() for m in messages],
+        add_generation_prompt=generation_prompt,
+        tokenize=False,
+        **(template_kwargs or {}),
     )
 
 
@@ -30,18 +39,20 @@ def encode(tokenizer: Any, text: str) -> list[int]:
 
 # First prompts by tokenizer, then by conversation prefix: a prompt answered K times (a
 # `*K` spec) is rendered and tokenised once, not K times.
-_FIRST_PROMPTS: weakref.WeakKeyDictionary[Any, dict[tuple[Message, ...], tuple[str, list[int]]]]
+_FIRST_PROMPTS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[str, list[int]]]]
 _FIRST_PROMPTS = weakref.WeakKeyDictionary()
 
 
-def _first_prompt(tokenizer: Any, messages: Sequence[Message]) -> tuple[str, list[int]]:
+def _first_prompt(
+    tokenizer: Any, messages: Sequence[Message], template_kwargs: Mapping[str, Any]
+) -> tuple[str, list[int]]:
     try:
         cache = _FIRST_PROMPTS.setdefault(tokenizer, {})
     except TypeError:  # not weak-referenceable: no cache
         cache = {}
-    key = tuple(messages)
+    key = (*messages, repr(sorted(template_kwargs.items())))
     if key not in cache:
-        text = render(tokenizer, messages, generation_prompt=True)
+        text = render(tokenizer, messages, True, template_kwargs)
         cache[key] = (text, encode(tokenizer, text))
     return cache[key]
 
@@ -58,8 +69,14 @@ class TurnBuilder:
     """One sample under construction. Call `prompt_ids(point)` then `add_answer(...)` for
     each answer point in order."""
 
-    def __init__(self, tokenizer: Any, conversation: Conversation) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        conversation: Conversation,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
+        self.template_kwargs = dict(template_kwargs or {})
         self.messages = list(conversation)
         self.points = answer_points(conversation)
         self.ids: list[int] = []
@@ -73,10 +90,12 @@ class TurnBuilder:
         """Everything before the assistant turn at `point`, ending with the template's
         assistant header."""
         if not self._consumed:
-            self._start, ids = _first_prompt(self.tokenizer, self.messages[:point])
+            self._start, ids = _first_prompt(
+                self.tokenizer, self.messages[:point], self.template_kwargs
+            )
             self._pending = list(ids)
             return self.ids + self._pending
-        text = render(self.tokenizer, self.messages[:point], generation_prompt=True)
+        text = render(self.tokenizer, self.messages[:point], True, self.template_kwargs)
         if not text.startswith(self._consumed):
             raise ChatTemplateError(
                 "target: its chat template renders earlier turns differently once later turns "
@@ -103,7 +122,7 @@ class TurnBuilder:
         self._pending = []
         if point == self.points[-1]:
             return  # nothing follows: no later turn needs the rendering checked
-        full = render(self.tokenizer, self.messages[: point + 1], generation_prompt=False)
+        full = render(self.tokenizer, self.messages[: point + 1], False, self.template_kwargs)
         if not full.startswith(expected):
             raise ChatTemplateError(
                 "target: its chat template does not write assistant turns verbatim after the "
@@ -116,7 +135,7 @@ def kept_answer(tokenizer: Any, builder: TurnBuilder, point: int, stop_ids: Sequ
     """The data's own assistant turn at `point`: its tokens plus the end-of-turn token the
     template writes after it (ids, content, stop text)."""
     content = builder.messages[point].content
-    full = render(tokenizer, builder.messages[: point + 1], generation_prompt=False)
+    full = render(tokenizer, builder.messages[: point + 1], False, builder.template_kwargs)
     rest = full[len(builder._start) + len(content) :]
     for stop_id in stop_ids:
         stop = tokenizer.decode([stop_id])

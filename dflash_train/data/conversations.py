@@ -9,6 +9,7 @@ Every problem is one line naming the file, the line and the field."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,26 +44,66 @@ def user_turn(prompt: str) -> Conversation:
     return (Message("user", prompt),)
 
 
+# What a directory of prompts may hold; other files in it are ignored.
+DATA_SUFFIXES = (".jsonl", ".parquet", ".txt")
+
+
+def expand_files(path: Path) -> list[Path]:
+    """A file as itself; a directory as its data files (any depth), in name order."""
+    if not path.is_dir():
+        return [path]
+    return sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in DATA_SUFFIXES)
+
+
 def load_conversations(spec: str, split: Split = "train") -> list[Conversation]:
-    """`builtin` and text files give single user turns; a .jsonl file may hold any of the
-    accepted shapes, mixed."""
-    if spec == BUILTIN or not spec.endswith(".jsonl"):
+    """`builtin` and text files give single user turns; a .jsonl file or a .parquet file
+    (one record a row, the same fields) may hold any of the accepted shapes, mixed; a
+    directory gives the conversations of its data files in name order."""
+    if spec == BUILTIN:
         return [user_turn(p) for p in load_prompts(spec, split)]
     path = Path(spec).expanduser()
+    if path.is_dir():
+        files = expand_files(path)
+        if not files:
+            raise PromptError(f"prompts {spec}: a directory without .jsonl, .parquet or .txt files")
+        return [c for file in files for c in load_conversations(str(file), split)]
+    if path.suffix == ".parquet":
+        return _parquet_conversations(spec, path)
+    if not spec.endswith(".jsonl"):
+        return [user_turn(p) for p in load_prompts(spec, split)]
     load_prompts_checks(spec, path)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise PromptError(f"prompts {spec}: not UTF-8 text (byte {exc.start})") from None
+    lines = [(f"line {n}", line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    return _parsed(spec, lines)
+
+
+def _parsed(spec: str, records: Sequence[tuple[str, str | dict[str, Any]]]) -> list[Conversation]:
+    """Each (where, record) parsed; blank prompts skipped; none at all is an error."""
     conversations = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            conversation = parse_record(line, f"prompts {spec}: line {number}")
-            if conversation:
-                conversations.append(conversation)
+    for where, record in records:
+        conversation = parse_record(record, f"prompts {spec}: {where}")
+        if conversation:
+            conversations.append(conversation)
     if not conversations:
         raise PromptError(f"prompts {spec}: holds no prompts")
     return conversations
+
+
+def _parquet_conversations(spec: str, path: Path) -> list[Conversation]:
+    """Each row is one record, read as a JSON line would be; errors name the row (1-based)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    load_prompts_checks(spec, path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        reason = " ".join(str(exc).split())[:200]
+        raise PromptError(f"prompts {spec}: not a readable parquet file ({reason})") from None
+    return _parsed(spec, [(f"row {n}", row) for n, row in enumerate(table.to_pylist(), 1)])
 
 
 def load_prompts_checks(spec: str, path: Path) -> None:
@@ -72,12 +113,16 @@ def load_prompts_checks(spec: str, path: Path) -> None:
         raise PromptError(f"prompts {spec}: not a regular file")
 
 
-def parse_record(line: str, where: str) -> Conversation:
-    """One JSON line -> a conversation ((), for a blank `prompt`, which is skipped)."""
-    try:
-        record = json.loads(line)
-    except ValueError as exc:
-        raise PromptError(f"{where}: not JSON ({exc.msg})") from None
+def parse_record(line: str | dict[str, Any], where: str) -> Conversation:
+    """One JSON line (or a parquet row) -> a conversation ((), for a blank `prompt`, which
+    is skipped). A row's columns that are null are absent."""
+    if isinstance(line, dict):
+        record: Any = {k: v for k, v in line.items() if v is not None}
+    else:
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise PromptError(f"{where}: not JSON ({exc.msg})") from None
     if not isinstance(record, dict):
         raise PromptError(f"{where}: expected a JSON object, got {type(record).__name__}")
     if "messages" in record:

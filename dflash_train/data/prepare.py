@@ -12,94 +12,107 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from dflash_train.config.prepare_config import PrepareConfig, PrepareError
 from dflash_train.data.chat_tokens import (
     ChatTemplateError,
     TurnBuilder,
+    answer_points,
     encode,
     kept_answer,
     render,
 )
-from dflash_train.data.conversations import Conversation, user_turn
+from dflash_train.data.conversations import Conversation, Message, user_turn
 from dflash_train.data.generation import Progress
-from dflash_train.data.writer import PREPARE_INFO, token_stats, write_dataset
+from dflash_train.data.prepare_progress import PrepareProgress
+from dflash_train.data.prepare_work import WorkDir, fingerprint, holding, work_dir_of
+from dflash_train.data.writer import (
+    PREPARE_INFO,
+    combined_stats,
+    merge_parts,
+    token_stats,
+    write_dataset,
+)
 
 if TYPE_CHECKING:
     from dflash_train.decode.cached_target import CachedTarget
+    from dflash_train.stream.writer import StatusWriter
     from dflash_train.targets.frozen_target import Target
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PREPARE_INFO", "token_stats", "write_dataset"]  # re-exported for callers
+__all__ = ["PREPARE_INFO", "PrepareConfig", "PrepareError", "token_stats", "write_dataset"]
 SYNTH_PROMPTS = "synth_prompts.jsonl"
 # Repeating a prompt greedily would repeat the answer, so passes after the first sample at
 # this temperature when the user asked for greedy.
 REPEAT_TEMPERATURE = 0.7
-RESPONSES = ("regenerate", "keep")
-# KV-cache bytes one generation batch may take: long prompts get fewer rows per batch.
+# KV-cache bytes one generation batch may take on a CPU, and on a GPU when --batch-size
+# is given: long prompts get fewer rows per batch.
 CACHE_BUDGET = {"cuda": 24 << 30, "cpu": 2 << 30}
+CPU_BATCH = 16
+# Without --batch-size, a GPU worker's rows are bounded by this share of the memory free
+# after its target loaded (split between workers sharing the GPU), and by GPU_MAX_ROWS.
+GPU_MEMORY_SHARE = 0.6
+GPU_MAX_ROWS = 2048
 _REPEATS = re.compile(r"^(?P<spec>.+)\*(?P<k>\d+)$")
 
 
-class PrepareError(ValueError):
-    """A one-line, operator-facing reason prepare cannot run."""
-
-
 @dataclass(frozen=True)
-class PrepareConfig:
-    target: str
-    prompts: str | tuple[str, ...]
-    out: Path
-    samples: int | None = None
-    max_new_tokens: int = 256
-    batch_size: int = 16
-    temperature: float = 0.0
-    seed: int = 0
-    device: str = "cpu"
-    num_shards: int = 1
-    overwrite: bool = False
-    responses: str = "regenerate"
-    # Answer no new batch once this many seconds have passed since prepare started (the
-    # target's load and prompt synthesis count); what was answered is written.
-    max_seconds: float | None = None
+class Sizing:
+    """How big a worker's generation batches may be: `rows` at most, and the KV cache of a
+    batch within `cache_budget` bytes."""
 
-    @property
-    def prompt_specs(self) -> tuple[str, ...]:
-        return (self.prompts,) if isinstance(self.prompts, str) else tuple(self.prompts)
+    rows: int
+    cache_budget: int
 
-    def validate(self) -> None:
-        checks = [
-            ("samples", self.samples is None or self.samples >= 1, "must be at least 1"),
-            ("max-new-tokens", self.max_new_tokens >= 1, "must be at least 1"),
-            ("batch-size", self.batch_size >= 1, "must be at least 1"),
-            ("temperature", self.temperature >= 0, "must not be negative"),
-            ("num-shards", self.num_shards >= 1, "must be at least 1"),
-            ("max-seconds", self.max_seconds is None or self.max_seconds > 0, "must be positive"),
-        ]
-        for name, ok, reason in checks:
-            if not ok:
-                raise PrepareError(f"{name}: {getattr(self, name.replace('-', '_'))} {reason}")
-        if self.responses not in RESPONSES:
-            raise PrepareError(f"responses: {self.responses!r} is not one of {RESPONSES}")
-        if not self.prompt_specs:
-            raise PrepareError("prompts: none given")
-        if not (self.device == "cpu" or self.device.startswith("cuda")):
-            raise PrepareError(f"device: {self.device!r} is not cpu or cuda[:N]")
-        occupied = self.out.exists() and (not self.out.is_dir() or any(self.out.iterdir()))
-        if occupied and not self.overwrite:
-            raise PrepareError(f"out: {self.out} already exists (pass --overwrite to replace)")
-        parent = self.out.absolute().parent
-        if not parent.is_dir():
-            raise PrepareError(f"out: parent directory {parent} does not exist")
-        if not os.access(parent, os.W_OK):
-            raise PrepareError(f"out: parent directory {parent} is not writable")
+
+def resolve_devices(spec: str | None) -> tuple[str, ...]:
+    """`--devices` as torch device strings: None is the first GPU when there is one."""
+    import torch
+
+    from dflash_train.config.options import OptionError, parse_devices
+
+    if spec is None:
+        return ("cuda:0",) if torch.cuda.is_available() else ("cpu",)
+    if spec == "all":
+        count = torch.cuda.device_count()
+        if count == 0:
+            raise PrepareError("devices: all asked for every GPU but CUDA sees none")
+        return tuple(f"cuda:{i}" for i in range(count))
+    try:
+        devices = parse_devices(spec)
+    except OptionError as exc:
+        raise PrepareError(f"devices: {exc}") from None
+    gpus = [d for d in devices if d != "cpu"]
+    if gpus and not torch.cuda.is_available():
+        raise PrepareError(f"devices: {gpus[0]} requested but CUDA is not available")
+    missing = [d for d in gpus if int(d.split(":")[1]) >= torch.cuda.device_count()]
+    if missing:
+        raise PrepareError(
+            f"devices: {missing[0]} does not exist ({torch.cuda.device_count()} GPUs)"
+        )
+    return devices
+
+
+def sizing_for(
+    device: str, batch_size: int | None, runner: CachedTarget | None, share: int = 1
+) -> Sizing:
+    """A worker's batch bounds: --batch-size when given; else 16 rows on a CPU, and on a GPU
+    the rows its free memory holds (the cache budget), split between `share` workers."""
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    if batch_size is not None or kind == "cpu":
+        return Sizing(batch_size or CPU_BATCH, CACHE_BUDGET[kind])
+    import torch
+
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    budget = int(free * GPU_MEMORY_SHARE / max(share, 1))
+    return Sizing(GPU_MAX_ROWS, budget)
 
 
 @dataclass(frozen=True)
@@ -210,16 +223,17 @@ def plan_jobs(
     ]
 
 
-def _batches(prompts: list[list[int]], config: PrepareConfig, runner: CachedTarget | None):
-    """Index lists, longest prompts first, each within batch_size rows and the cache budget."""
+def _batches(
+    prompts: list[list[int]], sizing: Sizing, max_new_tokens: int, runner: CachedTarget | None
+):
+    """Index lists, longest prompts first, each within the sizing's rows and cache budget."""
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
     per_position = runner.cache_bytes_per_position() if runner is not None else 0
-    budget = CACHE_BUDGET["cuda" if config.device.startswith("cuda") else "cpu"]
     start = 0
     while start < len(order):
-        width = len(prompts[order[start]]) + config.max_new_tokens
-        fit = budget // max(per_position * width, 1) if per_position else config.batch_size
-        rows = max(1, min(config.batch_size, fit))
+        width = len(prompts[order[start]]) + max_new_tokens
+        fit = sizing.cache_budget // max(per_position * width, 1) if per_position else sizing.rows
+        rows = max(1, min(sizing.rows, fit))
         yield order[start : start + rows]
         start += rows
 
@@ -229,21 +243,23 @@ def _generate(
     runner: CachedTarget | None,
     prompts: list[list[int]],
     config: PrepareConfig,
+    sizing: Sizing,
     temperatures: list[float],
     seed: int,
     stops: list[int],
-    progress: Progress,
+    progress: Tally,
     deadline: float | None = None,
 ) -> list[list[int] | None]:
     """Answers in prompt order; None for the prompts of batches not started because
-    `deadline` (time.monotonic()) had passed, once something was answered."""
+    `deadline` (time.time()) had passed, once something was answered."""
     import torch
 
     from dflash_train.data.generation import generate_rows, generate_rows_hf
 
+    stop_set = set(stops)
     answers: list[list[int] | None] = [None for _ in prompts]
-    for number, rows in enumerate(_batches(prompts, config, runner)):
-        late = deadline is not None and time.monotonic() > deadline
+    for number, rows in enumerate(_batches(prompts, sizing, config.max_new_tokens, runner)):
+        late = deadline is not None and time.time() > deadline
         if late and (number > 0 or progress.tokens > 0):
             break
         batch = [prompts[i] for i in rows]
@@ -276,8 +292,26 @@ def _generate(
             progress.add_tokens(sum(map(len, out)))
         for i, answer in zip(rows, out, strict=True):
             answers[i] = answer
-        progress.bar.update(len(batch))
+        cut = sum(1 for answer in out if not answer or answer[-1] not in stop_set)
+        progress.add_answers(len(batch), cut)
     return answers
+
+
+class Tally(Protocol):
+    """Where generation reports progress (prepare_progress.WorkerSink, or a worker's pipe)."""
+
+    @property
+    def tokens(self) -> int: ...
+
+    def add_tokens(self, count: int) -> None: ...
+
+    def add_answers(self, count: int, truncated: int = 0) -> None: ...
+
+
+def chunk_seed(seed: int, rank: int, chunk: int) -> int:
+    """Seeds turn `rank` of chunk `chunk`: a function of the chunk, not of the worker that
+    answers it, so any number of workers samples the same answers."""
+    return seed * 1_013 + rank + chunk * 7_919_993
 
 
 def run_jobs(
@@ -285,16 +319,21 @@ def run_jobs(
     runner: CachedTarget | None,
     jobs: Sequence[Job],
     config: PrepareConfig,
+    sizing: Sizing,
+    progress: Tally,
     deadline: float | None = None,
+    chunk: int = 0,
 ) -> tuple[list[Sample], int]:
-    """Make every job's sample, seeded by (seed, turn, batch). Turn r of every conversation
-    is generated together, given its turns < r. Past `deadline` no new batch starts; jobs
-    left with a turn unanswered are dropped. Returns the samples and how many were."""
+    """Make every job's sample, seeded by (seed, chunk, turn, batch). Turn r of every
+    conversation is generated together, given its turns < r. Past `deadline` no new batch
+    starts; jobs left with a turn unanswered are dropped. Returns the samples and how many
+    were."""
     tokenizer = target.tokenizer
     stops = stop_token_ids(target)
     stop_set = set(stops)
     keep = config.responses == "keep"
-    builders = {job.index: TurnBuilder(tokenizer, job.conversation) for job in jobs}
+    kwargs = config.template_kwargs
+    builders = {job.index: TurnBuilder(tokenizer, job.conversation, kwargs) for job in jobs}
     if keep:
         for job in jobs:
             builder = builders[job.index]
@@ -303,9 +342,7 @@ def run_jobs(
                 raise PrepareError(
                     f"responses keep: conversation {job.prompt_index + 1} has no assistant turn"
                 )
-    total = sum(len(b.points) for b in builders.values())
     unanswered: set[int] = set()
-    progress = Progress(0 if keep else total, "prepare")
     try:
         # Turn r of every conversation, of every pass, is generated together: passes only
         # differ in temperature, which is per row, so batches stay full.
@@ -316,7 +353,7 @@ def run_jobs(
             else REPEAT_TEMPERATURE
             for j in jobs
         }
-        for rank in range(max(len(b.points) for b in order)):
+        for rank in range(max((len(b.points) for b in order), default=0)):
             active = [
                 (j, b)
                 for j, b in zip(jobs, order, strict=True)
@@ -330,9 +367,9 @@ def run_jobs(
                 continue
             prompts = [b.prompt_ids(b.points[rank]) for _, b in active]
             temps = [temperature[j.index] for j, _ in active]
-            seed = config.seed * 1_013 + rank
+            seed = chunk_seed(config.seed, rank, chunk)
             answers = _generate(
-                target, runner, prompts, config, temps, seed, stops, progress, deadline
+                target, runner, prompts, config, sizing, temps, seed, stops, progress, deadline
             )
             for (j, b), answer in zip(active, answers, strict=True):
                 if answer is None:
@@ -344,8 +381,6 @@ def run_jobs(
                 b.add_answer(b.points[rank], answer, tokenizer.decode(body), stop)
     except ChatTemplateError as exc:
         raise PrepareError(str(exc)) from None
-    finally:
-        progress.close()
     samples = []
     for job in jobs:
         if job.index in unanswered:
@@ -362,6 +397,40 @@ def run_jobs(
             )
         )
     return samples, len(unanswered)
+
+
+def answers_to_make(jobs: Sequence[Job], responses: str) -> int:
+    """Assistant turns the target will write for `jobs` (none when the data's are kept)."""
+    if responses == "keep":
+        return 0
+    return sum(len(answer_points(job.conversation)) for job in jobs)
+
+
+def answer_chunk(
+    work: WorkDir,
+    chunk: int,
+    target: Target,
+    runner: CachedTarget | None,
+    config: PrepareConfig,
+    sizing: Sizing,
+    progress: Tally,
+    deadline: float | None,
+    worker: dict[str, Any],
+) -> dict[str, Any]:
+    """Answer one chunk and write its part; returns what the part records."""
+    started = time.monotonic()
+    jobs = work.read_chunk(chunk)
+    samples, unanswered = run_jobs(target, runner, jobs, config, sizing, progress, deadline, chunk)
+    info = {
+        "chunk": chunk,
+        "jobs": len(jobs),
+        "unanswered": unanswered,
+        "stats": token_stats(samples),
+        "seconds": round(time.monotonic() - started, 3),
+        **worker,
+    }
+    work.write_part(chunk, samples, info)
+    return info
 
 
 def _load_sources(
@@ -390,40 +459,64 @@ def _load_sources(
     return parsed, loaded, openers
 
 
-def prepare_dataset(config: PrepareConfig, *, target: Target | None = None) -> dict[str, Any]:
-    """Run the whole prepare and return what was written into prepare.json. `target` lets a
-    caller that already holds the loaded model skip a second load."""
+def _source_files(specs: Sequence[str]) -> list[str]:
+    """The input files the specs read (for the resume fingerprint)."""
+    from dflash_train.data.conversations import expand_files
+    from dflash_train.data.synth import split_openers
+
+    files: list[str] = []
+    for raw in specs:
+        spec, _ = split_repeats(raw)
+        for part in split_openers(spec):
+            if part is not None and Path(part).expanduser().exists():
+                files += [str(f) for f in expand_files(Path(part).expanduser())]
+    return files
+
+
+def _with_system(conversation: Conversation, system: str | None) -> Conversation:
+    if system is None or conversation[0].role == "system":
+        return conversation
+    return (Message("system", system), *conversation)
+
+
+def _load_target(config: PrepareConfig, device: str) -> Target:
     import torch
 
-    from dflash_train.data.synth import SynthError, synthesize_prompts
-    from dflash_train.decode.cached_target import CachedTarget, supports
-    from dflash_train.targets.frozen_target import load_target, resolve_target
+    from dflash_train.targets.frozen_target import load_target
 
-    config.validate()
-    try:
-        resolve_target(config.target)
-    except ValueError as exc:
-        raise PrepareError(str(exc)) from None
-    if config.device.startswith("cuda") and not torch.cuda.is_available():
-        raise PrepareError(f"device: {config.device} requested but CUDA is not available")
-    try:
-        parsed, loaded, openers = _load_sources(config.prompt_specs)
-    except SynthError as exc:
-        raise PrepareError(str(exc)) from None
-    started = time.monotonic()
-    if target is None:
-        dtype = torch.bfloat16 if config.device.startswith("cuda") else torch.float32
-        target = load_target(config.target, config.device, dtype)
-    runner = CachedTarget(target) if supports(target) else None
-    loaded_at = time.monotonic()
-    extra_files: dict[str, str] = {}
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return load_target(config.target, device, dtype)
+
+
+def _runner(target: Target) -> CachedTarget | None:
+    from dflash_train.decode.cached_target import CachedTarget, supports
+
+    return CachedTarget(target) if supports(target) else None
+
+
+def _plan(
+    config: PrepareConfig,
+    work: WorkDir,
+    fingerprint_: dict[str, Any],
+    loaders: tuple[Any, Any, Any],
+    get_target: Any,
+) -> dict[str, Any]:
+    """Build the conversations (synthesizing where asked), cut the jobs into chunks and
+    write them with the plan; returns the plan."""
+    from dflash_train.data.synth import SynthError, synthesize_prompts
+
+    parsed, loaded, openers = loaders
+    synth_text = ""
     conversations: list[Conversation] = []
     sources: list[Source] = []
+    synth_seconds = 0.0
     for (spec, repeats, count), items, opening in zip(parsed, loaded, openers, strict=True):
         if items is None:
             assert count is not None
+            target, runner, sizing = get_target()
             if runner is None:
                 raise PrepareError(f"prompts {spec}: synthesis needs a self-attention target")
+            began = time.monotonic()
             progress = Progress(0, f"synth {count}")
             try:
                 prompts = synthesize_prompts(
@@ -431,7 +524,7 @@ def prepare_dataset(config: PrepareConfig, *, target: Target | None = None) -> d
                     count,
                     seed=config.seed,
                     stop_ids=stop_token_ids(target),
-                    batch_size=config.batch_size,
+                    batch_size=sizing.rows,
                     on_tokens=progress.add_tokens,
                     openers=opening,
                 )
@@ -439,46 +532,236 @@ def prepare_dataset(config: PrepareConfig, *, target: Target | None = None) -> d
                 raise PrepareError(str(exc)) from None
             finally:
                 progress.close()
-            written = "".join(json.dumps({"prompt": p}) + "\n" for p in prompts)
-            extra_files[SYNTH_PROMPTS] = extra_files.get(SYNTH_PROMPTS, "") + written
+            synth_seconds += time.monotonic() - began
+            synth_text += "".join(json.dumps({"prompt": p}) + "\n" for p in prompts)
             items = [user_turn(p) for p in prompts]
+        items = [_with_system(c, config.system) for c in items]
         sources.append(Source(spec, len(conversations), len(items), repeats))
         conversations.extend(items)
-    synthesized = time.monotonic()
     jobs = plan_jobs(conversations, sources, config.samples, config.seed)
-    deadline = None if config.max_seconds is None else started + config.max_seconds
-    results, unanswered = run_jobs(target, runner, jobs, config, deadline)
-    generated = time.monotonic()
-    stats = token_stats(results)
-    passes = max(job.repeat for job in jobs) + 1
-    repeats_sampled = passes > 1 and config.temperature == 0
-    info: dict[str, Any] = {
-        "target": config.target,
-        "prompts": config.prompts,
+    plan = {
+        "fingerprint": fingerprint_,
         "prompt_count": len(conversations),
         "sources": [asdict(s) for s in sources],
-        "passes": passes,
-        # Set when passes after the first sampled although greedy was asked for.
-        "repeat_temperature": REPEAT_TEMPERATURE if repeats_sampled else None,
-        "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
-        "stats": stats,
-        "seconds": {
-            "load": round(loaded_at - started, 2),
-            "synthesize": round(synthesized - loaded_at, 2),
-            "generate": round(generated - synthesized, 2),
-        },
-        "answer_tokens_per_s": round(
-            stats["answer_tokens"] / max(generated - synthesized, 1e-9), 1
-        ),
-        # Samples not written because --max-seconds passed before their turn was answered.
-        "unanswered": unanswered,
-        "created": time.time(),
+        "jobs": len(jobs),
+        "passes": max(job.repeat for job in jobs) + 1,
+        "synthesize_seconds": round(synth_seconds, 2),
     }
+    files = {SYNTH_PROMPTS: synth_text} if synth_text else {}
+    work.write_plan(plan, jobs, config.chunk_size, files)
+    plan = work.plan()
+    assert plan is not None
+    return plan
+
+
+def _check_out(config: PrepareConfig, work: WorkDir, fingerprint_: dict[str, Any]) -> bool:
+    """Whether this call resumes an unfinished prepare; raises PrepareError when the out
+    dir or an unfinished prepare of other arguments is in the way."""
+    plan = work.plan()
+    if plan is not None and plan.get("fingerprint") == fingerprint_:
+        return True
+    if plan is not None and not config.overwrite:
+        theirs = plan.get("fingerprint") or {}
+        differ = [k for k in fingerprint_ if theirs.get(k) != fingerprint_[k]] or ["format"]
+        raise PrepareError(
+            f"out: {work.root} holds an unfinished prepare with other {', '.join(differ)} "
+            "(run it with its own arguments to finish it, or pass --overwrite to start over)"
+        )
+    if config.resume:
+        raise PrepareError(f"resume: no unfinished prepare for {config.out} (no {work.root})")
+    out = config.out
+    occupied = out.exists() and (not out.is_dir() or any(out.iterdir()))
+    if occupied and not config.overwrite:
+        raise PrepareError(f"out: {out} already exists (pass --overwrite to replace)")
+    return False
+
+
+def prepare_dataset(config: PrepareConfig, *, target: Target | None = None) -> dict[str, Any]:
+    """Run the whole prepare (or the rest of an interrupted one) and return what was written
+    into prepare.json. `target` lets a caller that already holds the loaded model skip a
+    second load (one device only). Under --run-dir it holds the run's lock and writes the
+    status stream (prepare_run.py)."""
+    from dflash_train.data.synth import SynthError
+    from dflash_train.targets.frozen_target import resolve_target
+
+    config.validate()
+    try:
+        resolve_target(config.target)
+    except ValueError as exc:
+        raise PrepareError(str(exc)) from None
+    devices = resolve_devices(config.devices)
+    try:
+        loaders = _load_sources(config.prompt_specs)
+    except SynthError as exc:
+        raise PrepareError(str(exc)) from None
+    work = WorkDir(work_dir_of(config.out))
+    fingerprint_ = fingerprint(config, _source_files(config.prompt_specs))
+    resuming = _check_out(config, work, fingerprint_)
+    if config.run_dir is not None:
+        from dflash_train.data.prepare_run import run_under_control
+
+        return run_under_control(
+            config,
+            devices,
+            lambda w: _prepare(config, devices, work, fingerprint_, resuming, loaders, target, w),
+        )
+    return _prepare(config, devices, work, fingerprint_, resuming, loaders, target, None)
+
+
+def _prepare(
+    config: PrepareConfig,
+    devices: tuple[str, ...],
+    work: WorkDir,
+    fingerprint_: dict[str, Any],
+    resuming: bool,
+    loaders: tuple[Any, Any, Any],
+    target: Target | None,
+    writer: StatusWriter | None,
+) -> dict[str, Any]:
+    from dflash_train.data.prepare_pool import run_pool
+
+    started = time.time()
+    loaded: dict[str, Any] = {}
+
+    def get_target() -> tuple[Target, CachedTarget | None, Sizing]:
+        if "target" not in loaded:
+            began = time.monotonic()
+            held = target if target is not None else _load_target(config, devices[0])
+            runner = _runner(held)
+            share = devices.count(devices[0])
+            loaded["target"] = (
+                held,
+                runner,
+                sizing_for(devices[0], config.batch_size, runner, share),
+            )
+            loaded["load_seconds"] = round(time.monotonic() - began, 2)
+        return loaded["target"]
+
+    with holding(work):
+        if not resuming:
+            work.clear()
+        plan = work.plan() if resuming else None
+        if plan is None:
+            plan = _plan(config, work, fingerprint_, loaders, get_target)
+        done_before = work.done_chunks()
+        pending = [c for c in range(plan["chunks"]) if c not in done_before]
+        jobs_done = sum(info["jobs"] for info in done_before.values())
+        answers_total = sum(answers_to_make(work.read_chunk(c), config.responses) for c in pending)
+        progress = PrepareProgress(answers_total, plan["jobs"], jobs_done, writer)
+        deadline = None if config.max_seconds is None else started + config.max_seconds
+        generate_started = time.monotonic()
+        failed: dict[int, str] = {}
+        retried: list[int] = []
+        try:
+            if len(devices) == 1:
+                if pending:
+                    held, runner, sizing = get_target()
+                    sink = progress.worker(0, devices[0], sizing.rows)
+                    for chunk in pending:
+                        if deadline is not None and time.time() > deadline and progress.tokens:
+                            break
+                        info = answer_chunk(
+                            work, chunk, held, runner, config, sizing, sink, deadline,
+                            {"worker": 0, "device": devices[0]},
+                        )  # fmt: skip
+                        progress.chunk_done(sink.tally, info["stats"]["samples"])
+            else:
+                loaded.pop("target", None)  # the workers load their own replicas
+                outcome = run_pool(work, devices, config, pending, progress, deadline)
+                failed, retried = outcome.failed, outcome.retried
+                loaded["load_seconds"] = outcome.load_seconds
+        finally:
+            progress.close()
+        generated = time.monotonic()
+        done = work.done_chunks()
+        if failed:
+            first = min(failed)
+            raise PrepareError(
+                f"devices: chunk {first} failed twice ({failed[first]}); {len(done)} of "
+                f"{plan['chunks']} chunks are written in {work.root}: run again to retry"
+            )
+        missing = [c for c in range(plan["chunks"]) if c not in done]
+        if missing and deadline is None:
+            raise PrepareError(f"devices: chunks {missing[:5]} were not answered (see the log)")
+        info = _dataset_info(
+            config, plan, done, missing, work, progress, retried, resuming,
+            seconds={
+                "load": loaded.get("load_seconds", 0.0),
+                "synthesize": plan.get("synthesize_seconds", 0.0),
+                "generate": round(generated - generate_started, 2),
+            },
+        )  # fmt: skip
+        extra = {}
+        synth = work.root / SYNTH_PROMPTS
+        if synth.is_file():
+            extra[SYNTH_PROMPTS] = synth.read_text(encoding="utf-8")
+        merge_parts(
+            [work.part_dir(c) for c in sorted(done)], config.out, info, config.num_shards, extra
+        )
+    work.remove()
+    stats = info["stats"]
+    log.info("wrote %d samples (%d tokens) to %s", stats["samples"], stats["tokens"], config.out)
+    return info
+
+
+def _dataset_info(
+    config: PrepareConfig,
+    plan: dict[str, Any],
+    done: dict[int, dict[str, Any]],
+    missing: list[int],
+    work: WorkDir,
+    progress: PrepareProgress,
+    retried: list[int],
+    resuming: bool,
+    seconds: dict[str, float],
+) -> dict[str, Any]:
+    parts = [done[c] for c in sorted(done)]
+    stats = combined_stats([p["stats"] for p in parts])
+    unanswered = sum(p["unanswered"] for p in parts)
+    unanswered += sum(len(work.read_chunk(c)) for c in missing)
+    passes = plan["passes"]
+    repeats_sampled = passes > 1 and config.temperature == 0
+    workers: dict[tuple[int, str], dict[str, Any]] = {}
+    for part in parts:
+        key = (part["worker"], part["device"])
+        entry = workers.setdefault(
+            key, {"worker": part["worker"], "device": part["device"], "chunks": 0, "samples": 0,
+                  "answer_tokens": 0, "seconds": 0.0}
+        )  # fmt: skip
+        entry["chunks"] += 1
+        entry["samples"] += part["stats"]["samples"]
+        entry["answer_tokens"] += part["stats"]["answer_tokens"]
+        entry["seconds"] = round(entry["seconds"] + part["seconds"], 3)
+    for entry in workers.values():
+        entry["answer_tokens_per_s"] = round(
+            entry["answer_tokens"] / max(entry["seconds"], 1e-9), 1
+        )
     if unanswered:
         log.warning(
             "max-seconds %s passed: %d of %d samples unanswered, not written",
-            config.max_seconds, unanswered, len(jobs),
+            config.max_seconds, unanswered, plan["jobs"],
         )  # fmt: skip
-    write_dataset(results, config.out, info, config.num_shards, extra_files)
-    log.info("wrote %d samples (%d tokens) to %s", stats["samples"], stats["tokens"], config.out)
-    return info
+    return {
+        "target": config.target,
+        "prompts": config.prompts,
+        "prompt_count": plan["prompt_count"],
+        "sources": plan["sources"],
+        "passes": passes,
+        # Set when passes after the first sampled although greedy was asked for.
+        "repeat_temperature": REPEAT_TEMPERATURE if repeats_sampled else None,
+        "config": config.to_record(),
+        "stats": stats,
+        "seconds": seconds,
+        "answer_tokens_per_s": round(progress.tokens / max(seconds["generate"], 1e-9), 1),
+        # Samples not written because --max-seconds passed before their turn was answered.
+        "unanswered": unanswered,
+        "chunks": plan["chunks"],
+        # Chunks an earlier, interrupted call had written; chunks answered again after
+        # their worker died.
+        "resumed_chunks": len(done) - sum(w.chunks for w in progress.workers.values())
+        if resuming
+        else 0,
+        "retried_chunks": retried,
+        "workers": sorted(workers.values(), key=lambda w: (w["worker"], w["device"])),
+        "created": time.time(),
+    }

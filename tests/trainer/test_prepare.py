@@ -149,7 +149,9 @@ def test_failed_write_keeps_the_old_dataset(tmp_path: Path) -> None:
         ("batch_size", -1, "batch-size: -1"),
         ("temperature", -0.5, "temperature: -0.5 must not be negative"),
         ("num_shards", 0, "num-shards: 0"),
-        ("device", "tpu", "device: 'tpu'"),
+        ("devices", "tpu", "devices: 'tpu' is not a device"),
+        ("chunk_size", 0, "chunk-size: 0 must be at least 1"),
+        ("chat_template_kwargs", "[1]", "chat-template-kwargs: expected a JSON object"),
     ],
 )
 def test_config_validation(tmp_path: Path, field: str, value: object, reason: str) -> None:

@@ -1,0 +1,106 @@
+"""A prepare under the control plane (`--run-dir`, set by `launch --prepare`): it holds the run
+dir's lock, writes `run_start` (mode "prepare"), `prepare` progress lines and `gpu` lines
+(per-GPU load) to the status stream, and ends with exactly one `run_end` whatever happens,
+so `status`, `stop`, `tail` and the console treat it as they treat a training run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import traceback
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from dflash_train.config.prepare_config import PrepareConfig, PrepareError
+from dflash_train.rundir import LockHeld, RunDir, RunLock
+from dflash_train.stream.writer import StatusWriter
+
+MODE = "prepare"
+GPU_EVERY_S = 5.0
+
+
+class Stopped(BaseException):
+    """Raised in the main thread by SIGTERM/SIGINT: a `stop`. The finished chunks stay."""
+
+
+def _on_signal(signum: int, _frame: Any) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
+def _gpu_lines(writer: StatusWriter, devices: tuple[str, ...], done: threading.Event) -> None:
+    from dflash_train.gpu_telemetry import sample_gpus
+
+    roles = {int(d.split(":")[1]): "prepare" for d in devices if d.startswith("cuda:")}
+    while not done.wait(GPU_EVERY_S):
+        sample = sample_gpus(roles, processes=False)
+        if not sample["available"]:
+            return
+        writer.write("gpu", available=True, gpus=sample["gpus"])
+
+
+def run_under_control(
+    config: PrepareConfig,
+    devices: tuple[str, ...],
+    body: Callable[[StatusWriter], dict[str, Any]],
+) -> dict[str, Any]:
+    assert config.run_dir is not None
+    run_dir = RunDir.at(config.run_dir)
+    lock = RunLock(run_dir.lock)
+    try:
+        lock.acquire()
+    except LockHeld:
+        raise PrepareError(f"run-dir: {run_dir.lock} is held: a run is in progress") from None
+    run_id = os.environ.get("DFLASH_RUN_ID") or uuid.uuid4().hex[:12]
+    writer = StatusWriter(run_dir.status, run_id)
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    done = threading.Event()
+    try:
+        writer.write(
+            "run_start",
+            mode=MODE,
+            config=config.to_record(),
+            topology={"devices": list(devices)},
+            dataset={"out": str(config.out.absolute()), "prompts": list(config.prompt_specs)},
+            batches_per_epoch=0,
+            total_steps=0,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+        )
+        if any(d.startswith("cuda:") for d in devices):
+            threading.Thread(target=_gpu_lines, args=(writer, devices, done), daemon=True).start()
+        try:
+            info = body(writer)
+        except Stopped as exc:
+            print(f"{exc.args[0]} received: the finished chunks stay for a resume", file=sys.stderr)
+            writer.write("run_end", reason="signal", exit_code=0, mode=MODE)
+            raise PrepareError(
+                f"prepare stopped by {exc.args[0]}; run it again to resume"
+            ) from None
+        except BaseException as exc:
+            tail = traceback.format_exc().strip().splitlines()[-20:]
+            writer.write(
+                "run_end",
+                reason="error",
+                exit_code=1,
+                mode=MODE,
+                error=f"{type(exc).__name__}: {exc}"[:500],
+                error_tail="\n".join(tail),
+            )
+            raise
+        writer.write(
+            "run_end",
+            reason="completed",
+            exit_code=0,
+            mode=MODE,
+            samples=info["stats"]["samples"],
+            answer_tokens_per_s=info["answer_tokens_per_s"],
+        )
+        return info
+    finally:
+        done.set()
+        writer.close()
