@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("logs", "the run's train.log, optionally following (survives rotation)"),
     "gpus": ("gpus", "NVML readings of this box's GPUs"),
     "set": ("set_setting", "change a live setting of a running trainer"),
+    "schema": ("schema", "JSON Schema of the status stream's lines and of the replies"),
 }
 
 
