@@ -1,0 +1,132 @@
+"""prepare on several devices (two CPU workers stand in for two GPUs): the same samples as one
+worker; killed mid-way (the whole prepare, or one worker) and run again, exactly the full
+set, no prompt twice and none lost. Real processes, real signals, the real SmolLM2 target."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import datasets
+import pytest
+
+from dflash_train import protocol
+from dflash_train.data.prepare import PrepareConfig, prepare_dataset
+from dflash_train.data.prepare_pool import WORKERS_FILE
+from dflash_train.data.prepare_work import PARTS, work_dir_of
+from dflash_train.targets.frozen_target import Target
+
+# Four chunks of one prompt: enough for both workers to take several, and for a kill to
+# land between the first part and the last.
+SAMPLES = 4
+ARGS = ["--target-model", "smollm2", "--prompts", "builtin", "--samples", str(SAMPLES)]
+ARGS += ["--max-new-tokens", "6", "--batch-size", "1", "--chunk-size", "1"]
+WAIT_S = 240.0
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _start(out: Path, devices: str) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "dflash_train", "prepare", *ARGS, "--out", str(out)]
+    argv += ["--devices", devices]
+    return subprocess.Popen(
+        argv,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _finish(proc: subprocess.Popen[str]) -> protocol.Reply:
+    stdout, stderr = proc.communicate(timeout=WAIT_S)
+    reply = protocol.decode_reply(stdout)
+    assert isinstance(reply, protocol.Reply) and reply.ok, (stdout, stderr[-3000:])
+    return reply
+
+
+def _rows(out: Path) -> list[tuple[int, list[int], list[int]]]:
+    table = datasets.load_from_disk(str(out))
+    return list(zip(table["prompt_index"], table["input_ids"], table["loss_mask"], strict=True))
+
+
+def _wait_for(condition, what: str, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert proc.poll() is None, f"prepare exited ({proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {WAIT_S} s"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def one_worker(
+    tmp_path_factory: pytest.TempPathFactory, smollm2: Target
+) -> list[tuple[int, list[int], list[int]]]:
+    """The samples one worker writes (in-process, the session's loaded target)."""
+    out = tmp_path_factory.mktemp("one") / "data"
+    config = PrepareConfig(
+        target="smollm2", prompts="builtin", out=out, samples=SAMPLES, max_new_tokens=6,
+        batch_size=1, chunk_size=1, devices="cpu",
+    )  # fmt: skip
+    prepare_dataset(config, target=smollm2)
+    return _rows(out)
+
+
+def test_two_workers_write_the_samples_one_does_a_killed_worker_s_chunk_again(
+    tmp_path: Path, one_worker: list[tuple[int, list[int], list[int]]]
+) -> None:
+    """One run for both claims (each CLI run loads SmolLM2 twice: CI time)."""
+    out = tmp_path / "data"
+    record = work_dir_of(out) / WORKERS_FILE
+
+    def busy_worker() -> dict[str, int] | None:
+        try:
+            workers = json.loads(record.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return next((w for w in workers if w["worker"] == 1 and w["chunk"] is not None), None)
+
+    proc = _start(out, "cpu,cpu")
+    _wait_for(lambda: busy_worker() is not None, "a chunk handed to worker 1", proc)
+    victim = busy_worker()
+    assert victim is not None
+    os.kill(victim["pid"], signal.SIGKILL)
+    reply = _finish(proc)
+    assert victim["chunk"] in reply.data["retried_chunks"]
+    assert _rows(out) == one_worker
+    workers = reply.data["workers"]
+    # Which worker answers how many chunks depends on which loads first.
+    assert {w["worker"] for w in workers} <= {0, 1} and {w["device"] for w in workers} == {"cpu"}
+    assert sum(w["chunks"] for w in workers) == SAMPLES
+    assert sum(w["samples"] for w in workers) == SAMPLES
+    info = json.loads((out / "prepare.json").read_text())
+    assert info["workers"] == workers and info["chunks"] == SAMPLES
+    assert not work_dir_of(out).exists(), "the work dir goes once the dataset is written"
+
+
+def test_sigkill_mid_way_then_resume_gives_exactly_the_full_set(
+    tmp_path: Path, one_worker: list[tuple[int, list[int], list[int]]]
+) -> None:
+    out = tmp_path / "data"
+    parts = work_dir_of(out) / PARTS
+    proc = _start(out, "cpu,cpu")
+    _wait_for(lambda: parts.is_dir() and any(parts.glob("chunk_*[0-9]")), "first part", proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    written = sorted(p.name for p in parts.glob("chunk_*[0-9]"))
+    assert 1 <= len(written) < SAMPLES, written
+    assert not out.exists(), "no dataset until every chunk is answered"
+
+    reply = _finish(_start(out, "cpu,cpu"))
+    assert _rows(out) == one_worker, "no prompt twice, none lost, the same answers"
+    assert reply.data["resumed_chunks"] == len(written)
+    answered = sum(w["chunks"] for w in reply.data["workers"])
+    assert answered == SAMPLES, "prepare.json counts the earlier call's chunks too"
