@@ -5,8 +5,12 @@
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import shlex
+import socket
+import textwrap
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from dflash_tui.sources.profiles import Profile, load_config
 from dflash_tui.sources.session import watch_only_forced
@@ -21,6 +25,54 @@ class HostSpec:
 
 class UsageError(ValueError):
     """One line naming the argument at fault."""
+
+
+# The words `dflash-tui` takes in place of a destination.
+SUBCOMMAND_HELP = {
+    "fleet": "every profile of the config file in one table",
+    "replay": "the dashboard of a finished run, with a time cursor",
+    "serve": "a watch-only console in web browsers (the [serve] extra)",
+    "demo": "a real CPU training run on this machine, no host and no GPU",
+    "paths": "where the console keeps its config, themes, demo data and known hosts",
+}
+
+
+def check_host_exists(where: str) -> None:
+    """An ad-hoc destination must name a host that resolves, or an ssh_config alias; a
+    mistyped word (`dflash-tui info`) would otherwise be a console that reconnects forever."""
+    spec = parse_host(where)
+    if _resolves(spec.host) or _ssh_config_names(spec.host):
+        return
+    words = ", ".join(SUBCOMMAND_HELP)
+    raise UsageError(f"no profile or host named {where!r} (subcommands: {words})")
+
+
+def _resolves(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        return False
+    return True
+
+
+def _ssh_config_names(host: str, path: Path | None = None) -> bool:
+    """True when a `Host` line of ~/.ssh/config matches `host` (a catch-all `*` does not:
+    it names no host)."""
+    path = path or Path("~", ".ssh", "config").expanduser()
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        words = line.strip().replace("=", " ", 1).split()
+        if len(words) < 2 or words[0].lower() != "host":
+            continue
+        patterns = [w for w in words[1:] if w != "*"]
+        if any(w.startswith("!") and fnmatch.fnmatch(host, w[1:]) for w in patterns):
+            continue
+        if any(not w.startswith("!") and fnmatch.fnmatch(host, w) for w in patterns):
+            return True
+    return False
 
 
 def parse_host(text: str) -> HostSpec:
@@ -108,16 +160,22 @@ def check_theme(name: str | None) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dflash_train import DISTRIBUTION, __version__
     from dflash_tui.keymap import PANES  # here: the key table imports Textual
 
     parser = argparse.ArgumentParser(
         prog="dflash-tui",
-        description="Operator console for dflash training runs. `dflash-tui demo` starts a "
-        "local demo (no host, no GPU).",
-        epilog="keys: l launch, R restart, S stop, m hs_min_ready, L log, e events, "
-        "v/z/x/h plots, i details, c checkpoints, d dismiss alerts, r reconnect, "
-        f"1-{len(PANES)} panes, t theme, p pause, ? help (all keys), q quit (the run keeps "
-        "running)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Operator console for dflash training runs.\n\nsubcommands (each "
+        "takes --help):\n"
+        + "\n".join(f"  {name:<7} {text}" for name, text in SUBCOMMAND_HELP.items()),
+        epilog=textwrap.fill(
+            "keys: l launch, R restart, S stop, m hs_min_ready, L log, e events, "
+            "v/z/x/h plots, i details, c checkpoints, d dismiss alerts, r reconnect, "
+            f"1-{len(PANES)} panes, t theme, p pause, ? help (all keys), q quit (the run "
+            "keeps running)",
+            width=78,
+        ),
     )
     add_destination_options(
         parser,
@@ -127,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--watch", action="store_true", help="read only: no launch, restart, stop or set"
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"dflash-tui {__version__} ({DISTRIBUTION})"
     )
     return parser
 

@@ -144,7 +144,12 @@ def run_serve(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise UsageError(f"--port: {args.port} is not in 1..65535")
     check_destination(args.destination)
-    from textual_serve.server import Server
+    try:
+        from textual_serve.server import Server
+    except ImportError:  # the [serve] extra: textual-serve brings aiohttp and jinja2
+        raise UsageError(
+            "serve: needs textual-serve: pip install 'dflash-train-console[serve]'"
+        ) from None
 
     os.environ[WATCH_ONLY_ENV] = "1"  # inherited by every console the server starts
     host = args.host

@@ -100,7 +100,9 @@ def _run_installed(installed: Path, code: str, *args: str) -> subprocess.Complet
     )
 
 
-@pytest.mark.parametrize(("module", "program"), [("dflash_train.cli", "dflash-train")])
+@pytest.mark.parametrize(
+    ("module", "program"), [("dflash_train.cli", "dflash-train"), ("dflash_tui.cli", "dflash-tui")]
+)
 def test_installed_wheel_answers_version(installed: Path, module: str, program: str) -> None:
     code = f"import sys; from {module} import main; sys.exit(main())"
     done = _run_installed(installed, code, "--version")

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import asyncssh
+if TYPE_CHECKING:  # asyncssh is imported where an SSH connection needs it (~0.2 s at start)
+    import asyncssh
 
 DEFAULT_KNOWN_HOSTS = Path("~", ".ssh", "known_hosts")
 SSH_DEFAULT_PORT = 22
@@ -21,6 +22,8 @@ def resolve_path(path: str | os.PathLike[str] | None) -> Path:
 def load_known_hosts(path: Path) -> asyncssh.SSHKnownHosts:
     """The trusted keys in `path`; a missing file trusts nothing. Always an object, never
     None: passing None to asyncssh would switch host-key checking off."""
+    import asyncssh
+
     if path.is_file():
         return asyncssh.read_known_hosts(str(path))
     return asyncssh.import_known_hosts("")
@@ -34,6 +37,8 @@ def host_pattern(host: str, port: int) -> str:
 def host_is_listed(path: Path, host: str, port: int) -> bool:
     """True when known_hosts already holds some key for host:port, i.e. a refused key is a
     *changed* key rather than an unknown one."""
+    import asyncssh
+
     trusted = asyncssh.match_known_hosts(load_known_hosts(path), host, "", port)
     return bool(trusted[0])
 
@@ -46,6 +51,8 @@ async def fetch_host_key(
 ) -> tuple[str, int, asyncssh.SSHKey | None]:
     """The key a server presents, with the real host and port behind an ssh_config alias
     (resolved the way connect() does), which is what a trusted line must name."""
+    import asyncssh
+
     resolved = await asyncssh.SSHClientConnectionOptions.construct(
         host=host, port=port or (), config=config, known_hosts=None
     )

@@ -21,7 +21,7 @@ from tomlkit.items import Table
 
 from dflash_tui.sources.alerts import DEFAULT_CHANNELS, check_channels
 from dflash_tui.sources.session import DEFAULT_TRAINER, check_inert
-from dflash_tui.sources.transport import DEFAULT, LocalTransport, SshTransport, Transport
+from dflash_tui.sources.transport import DEFAULT, LocalTransport, Transport
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -103,6 +103,8 @@ class Profile:
     def transport(self, *, known_hosts: str | os.PathLike[str] | None = None) -> Transport:
         if self.host is None:
             return LocalTransport(self.command_prefix())
+        from dflash_tui.sources.ssh_transport import SshTransport  # imports asyncssh
+
         return SshTransport(
             self.host,
             port=self.port,

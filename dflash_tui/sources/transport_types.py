@@ -8,8 +8,10 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import asyncssh
+if TYPE_CHECKING:  # only a type here; the SSH transport imports asyncssh itself
+    import asyncssh
 
 # How long a stream's command gets to exit after we close its input/channel.
 STOP_GRACE_S = 2.0

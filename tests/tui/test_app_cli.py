@@ -129,3 +129,73 @@ def test_shipped_themes() -> None:
     names = [t.name for t in themes.load_themes()]
     assert names == ["dflash-dark", "dflash-high-contrast", "dflash-light"]
     assert themes.themes_dir().name == "themes"
+
+
+def _cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dflash_tui.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
+
+
+def test_help_lists_every_subcommand_and_version_answers() -> None:
+    done = _cli("--help")
+    assert done.returncode == 0, done.stderr
+    listed = done.stdout.split("subcommands (each takes --help):", 1)[1]
+    for word in ("fleet", "replay", "serve", "demo", "paths"):
+        assert f"\n  {word} " in listed
+    version = _cli("--version")
+    assert version.returncode == 0 and version.stdout.startswith("dflash-tui 0.")
+
+
+def test_a_word_that_is_no_profile_host_or_subcommand_is_refused(tmp_path: Path) -> None:
+    """Seen: `dflash-tui info` opened a console that reconnected to host 'info' forever."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DFLASH_CONFIG": str(tmp_path / "c")}
+    done = _cli("info", env=env)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == (
+        "dflash-tui: error: no profile or host named 'info' "
+        "(subcommands: fleet, replay, serve, demo, paths)"
+    )
+    assert not (tmp_path / "c").exists()
+
+
+def test_ssh_config_aliases_count_as_hosts(tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    config.write_text("Host *\n  User root\nHost gpu-* !gpu-old\n  HostName 10.0.0.5\n")
+    assert destination._ssh_config_names("gpu-box", config)
+    assert not destination._ssh_config_names("gpu-old", config)
+    assert not destination._ssh_config_names("info", config)  # `Host *` names no host
+    destination.check_host_exists("localhost")
+    destination.check_host_exists("root@127.0.0.1:2222")
+
+
+def test_paths_names_the_config_file_and_the_rest(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DFLASH_CONFIG": str(tmp_path / "c")}
+    done = _cli("paths", env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    names = [line.split()[0] for line in lines[::2]]
+    assert names == ["config", "themes", "demo", "cache", "known_hosts", "ssh_config"]
+    assert lines[0].split()[1:] == [str(tmp_path / "c"), "[not", "there", "yet]"]
+    assert "$DFLASH_CONFIG is set" in lines[1]
+    assert lines[8].split()[1] == str(tmp_path / ".ssh" / "known_hosts")
+
+
+def test_a_local_console_never_imports_asyncssh() -> None:
+    code = (
+        "import sys\n"
+        "import dflash_tui.cli, dflash_tui.app, dflash_tui.demo, dflash_tui.fleet_console\n"
+        "from dflash_tui.sources.profiles import Profile\n"
+        "Profile('local').transport()\n"
+        "print('asyncssh' in sys.modules)\n"
+        "Profile('box', host='gpu-box').transport()\n"
+        "print('asyncssh' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]
