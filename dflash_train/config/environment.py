@@ -9,8 +9,9 @@ import os
 from pathlib import Path
 
 CACHE_DIR_VAR = "DFLASH_CACHE_DIR"
-# What wandb_log needs to tell where the key comes from (it never reads the key itself).
-WANDB_VARS = ("WANDB_API_KEY", "WANDB_BASE_URL", "NETRC", "HOME")
+# What wandb_log needs to tell where the key comes from (it never reads the key itself)
+# and the mode the user asked for.
+WANDB_VARS = ("WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_MODE", "NETRC", "HOME")
 # Tests only: a checkpoint save of this step stalls (checkpoints.py).
 STALL_SAVE_VAR = "DFLASH_TEST_STALL_SAVE_AT_STEP"
 

@@ -61,6 +61,10 @@ class RunOptions:
     max_bad_steps: int = option("int", 20, "non-finite steps in a row that end the run", minimum=1)
     log_every: int = option("int", 1, "steps per `step` line", minimum=1)
     wandb_project: str | None = option("str", None, "log to this W&B project (offline w/o key)")
+    wandb_entity: str | None = option("str", None, "the W&B team or user (default: the key's)")
+    wandb_name: str | None = option("str", None, "the W&B run's display name (default: run id)")
+    wandb_tags: str | None = option("str", None, "W&B tags, comma-separated", metavar="A,B")
+    wandb_group: str | None = option("str", None, "the W&B group the run belongs to")
     profile_interval: float = option(
         "float", 30.0, "seconds between `profile` lines", minimum=0.5, env="DFLASH_PROFILE_INTERVAL"
     )

@@ -273,7 +273,7 @@ class TrainingRun:
         return choice
 
     def _start_monitor(self) -> None:
-        from dflash_train.pipeline.wandb_log import WandbLogger
+        from dflash_train.pipeline.wandb_log import WandbLogger, split_tags
 
         config = self.config
         control = ControlWatcher(
@@ -288,6 +288,10 @@ class TrainingRun:
                 run_dir=self.run_dir.root,
                 run_id=self.run_id,
                 config=config.flat_record(),
+                entity=config.run.wandb_entity,
+                name=config.run.wandb_name,
+                tags=split_tags(config.run.wandb_tags),
+                group=config.run.wandb_group,
             )
         # Rank 0's monitor reports every GPU of the run, the other ranks' ones too.
         roles = gpu_roles(self.all_target_devices, self.all_drafter_devices)

@@ -51,3 +51,9 @@ def history_rows(run_dir: Path) -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+def run_record(run_dir: Path) -> Any:
+    """The `run` record (entity, display name, tags, group) of the single offline run."""
+    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    return next(r.run for r in _records(path) if r.WhichOneof("record_type") == "run")
