@@ -195,7 +195,7 @@ class DflashApp(App[None]):
     def _on_gpu_line(self, line: StatusLine) -> None:
         # `gpus --follow` readings fill the pane while no trainer reports its own (they
         # carry each GPU's role in the run), or once the trainer's are out of date.
-        live = self.state.run_state in ("running", "stalled")
+        live = self.state.run_state in ("running", "preparing", "stalled")
         shown = self.gpu_source.box_reading(line, run_live=live)
         if shown is not None:
             self.state.apply_gpu_reading(shown)

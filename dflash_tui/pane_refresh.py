@@ -14,6 +14,8 @@ from dflash_tui.widgets.gpu_table import MAX_PROCESSES, GpuTable, render_gpus
 from dflash_tui.widgets.header import HeaderFacts, RunHeader
 from dflash_tui.widgets.hs_queue import HsQueuePane, render_queue
 from dflash_tui.widgets.loss_plot import LossPane
+from dflash_tui.widgets.prepare_pane import TITLE as PREPARE_TITLE
+from dflash_tui.widgets.prepare_pane import render_prepare
 from dflash_tui.widgets.throughput_plot import ThroughputPane
 
 if TYPE_CHECKING:
@@ -92,12 +94,19 @@ class PaneRefresh:
                 layout=self.changed("gpus-shape", shape),
             )
         queue = main.query_one(HsQueuePane)
-        signature = (seen["queue"], theme, queue.size)
+        preparing = state.mode == "prepare"
+        signature = (seen["queue"], seen["prepare"], preparing, theme, queue.size)
         if queue.display and readings_due and self.changed("queue", signature):
             self.drew("readings")
+            width = queue.content_size.width
+            # A prepare has no hidden-state queue: its progress takes the pane.
+            shown = state.prepare if preparing else state.queue
+            queue.border_title = PREPARE_TITLE if preparing else HsQueuePane.BORDER_TITLE
             queue.update(
-                render_queue(state.queue, colours, queue.content_size.width),
-                layout=self.changed("queue-shape", state.queue is None),
+                render_prepare(state.prepare, colours, width)
+                if preparing
+                else render_queue(state.queue, colours, width),
+                layout=self.changed("queue-shape", (preparing, shown is None)),
             )
         events = main.query_one(EventsLog)
         rejected = sum(state.rejected_lines.values())

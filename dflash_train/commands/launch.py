@@ -49,6 +49,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR")
     add_start_options(parser)
     parser.add_argument(
+        "--prepare",
+        action="store_true",
+        help="run `prepare` with the arguments after -- instead of train (RUN_DIR: its stream)",
+    )
+    parser.add_argument(
         "rest", nargs=argparse.REMAINDER, metavar="-- TRAIN_ARGS", help="the arguments of `train`"
     )
 
@@ -72,6 +77,11 @@ def split_rest(
         cut = len(rest)
     parser.parse_args(rest[:cut], namespace=args)
     return rest[cut + 1 :]
+
+
+def _launch_options(parser: argparse.ArgumentParser) -> None:
+    add_start_options(parser)
+    parser.add_argument("--prepare", action="store_true")
 
 
 def print_reply(reply: protocol.Reply) -> None:
@@ -102,7 +112,7 @@ def _reply(args: argparse.Namespace) -> protocol.Reply:
     from dflash_train.control.preflight import PreflightError
 
     try:
-        train_args = split_rest(args, add_start_options)
+        train_args = split_rest(args, _launch_options)
     except ArgumentError as exc:
         return protocol.reply_error("launch", "bad_argument", str(exc))
     problem = check_start_options("launch", args)
@@ -112,6 +122,16 @@ def _reply(args: argparse.Namespace) -> protocol.Reply:
         env = parse_env(args.env)
     except PreflightError as exc:
         return protocol.reply_error("launch", exc.code, exc.message)
+    if args.prepare:
+        from dflash_train.control.launch import launch_prepare
+
+        return launch_prepare(
+            RunDir.at(args.run_dir),
+            train_args,
+            env=env,
+            wait_s=args.wait,
+            env_file=args.env_file,
+        )
     return launch_run(
         RunDir.at(args.run_dir),
         train_args,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Sequence
+from typing import NoReturn
 
 from dflash_train import protocol
 from dflash_train.config.prepare_config import OPTIONS
@@ -35,6 +37,36 @@ def configure(parser: argparse.ArgumentParser) -> None:
         )
 
 
+class _Refused(Exception):
+    pass
+
+
+class _CheckingParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _Refused(message)
+
+
+def check_args(words: Sequence[str]) -> str | None:
+    """Why `prepare WORDS` would be refused at once (unknown flag, bad value), or None;
+    `launch --prepare` asks before it starts anything."""
+    from dflash_train.config.prepare_config import PrepareError, from_words
+
+    parser = _CheckingParser(prog="dflash-train prepare", add_help=False)
+    configure(parser)
+    try:
+        args = parser.parse_args(list(words))
+        if getattr(args, "run_dir", None) is not None:
+            return "run-dir: launch sets it (RUN_DIR)"
+        from_words(_given(args)).validate()
+    except (_Refused, PrepareError) as exc:
+        return str(exc)
+    return None
+
+
+def _given(args: argparse.Namespace) -> dict[str, object]:
+    return {k: v for k, v in vars(args).items() if k in OPTIONS and v is not False}
+
+
 def run(args: argparse.Namespace) -> int:
     from dflash_train.commands.launch import print_reply
     from dflash_train.config.prepare_config import PrepareError, from_words
@@ -42,9 +74,8 @@ def run(args: argparse.Namespace) -> int:
     from dflash_train.data.prompts import PromptError
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    given = {k: v for k, v in vars(args).items() if k in OPTIONS and v is not False}
     try:
-        config = from_words(given)
+        config = from_words(_given(args))
         info = prepare_dataset(config)
     except (PrepareError, PromptError) as exc:
         print_reply(protocol.reply_error("prepare", "bad_argument", str(exc)))

@@ -148,10 +148,13 @@ def _start(
     train_args: Sequence[str],
     env: Mapping[str, str],
     env_file: str | None = None,
+    argv: list[str] | None = None,
 ) -> Started:
-    # The trainer runs exactly the config the run dir records (written just before).
-    argv = [sys.executable, "-m", "dflash_train", "train", "--output-dir", str(run_dir.root)]
-    argv += ["--config", str(run_dir.config)]
+    """`argv`: what to run instead of the trainer (a launched prepare)."""
+    if argv is None:
+        # The trainer runs exactly the config the run dir records (written just before).
+        argv = [sys.executable, "-m", "dflash_train", "train", "--output-dir", str(run_dir.root)]
+        argv += ["--config", str(run_dir.config)]
     last = last_record(run_dir.status)
     # A resumed run id continues its seq: only a run_start past this one is ours.
     baseline = last.seq if last is not None and last.run == run_id else -1
@@ -178,6 +181,7 @@ def _start(
             "pgid": proc.pid,  # start_new_session: the trainer leads its own group
             "argv": argv,
             "train_args": list(train_args),
+            "mode": "prepare" if argv[3] == "prepare" else "train",
             "env": redacted(env),
             # Only the file's path: its values are read again on the box at each start.
             "env_file": env_file,
@@ -322,6 +326,48 @@ def launch_run(
                 min_free_bytes=min_free_bytes,
                 env_file=env_file,
             )
+    except ControlBusy as exc:
+        return protocol.reply_error("launch", "busy", str(exc))
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        return protocol.reply_error(
+            "launch", "output_not_writable", f"run_dir: {run_dir.root}: {reason}"
+        )
+
+
+def launch_prepare(
+    run_dir: RunDir,
+    prepare_args: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    wait_s: float,
+    env_file: str | None = None,
+) -> protocol.Reply:
+    """`launch RUN_DIR --prepare -- PREPARE_ARGS`: `prepare --run-dir RUN_DIR` started like a
+    trainer (its own session, train.log, run.json, the run lock, verified by its run_start)."""
+    from dflash_train.commands.prepare import check_args
+
+    problem = check_args(prepare_args)
+    if problem:
+        return protocol.reply_error("launch", "bad_prepare_args", problem)
+    try:
+        with control_guard(run_dir):
+            file_env = load_env_file(env_file) if env_file else {}
+            if lock_is_held(run_dir.lock):
+                holder = lock_holder_pid(run_dir.lock)
+                return protocol.reply_error(
+                    "launch",
+                    "already_running",
+                    f"run_dir: a run (pid {holder}) holds {run_dir.lock}",
+                    pid=holder,
+                )
+            run_id = {**file_env, **env}.get("DFLASH_RUN_ID") or uuid.uuid4().hex[:12]
+            argv = [sys.executable, "-m", "dflash_train", "prepare", *prepare_args]
+            argv += ["--run-dir", str(run_dir.root)]
+            started = _start(run_dir, run_id, prepare_args, env, env_file, argv=argv)
+            return _verify(run_dir, started, wait_s)
+    except PreflightError as exc:
+        return protocol.reply_error("launch", exc.code, exc.message)
     except ControlBusy as exc:
         return protocol.reply_error("launch", "busy", str(exc))
     except OSError as exc:

@@ -141,6 +141,7 @@ def run_pool(
         event = message.get("event")
         if event == "ready":
             worker.ready = True
+            worker.sink.tally.started = time.monotonic()  # its rate counts from here
             worker.sink.tally.batch_size = int(message["rows"])  # type: ignore[arg-type]
             outcome.load_seconds.append(float(message["load_s"]))  # type: ignore[arg-type]
             hand_out(worker)

@@ -110,6 +110,10 @@ class RunState:
         self.checkpoint: StatusLine | None = None
         self.checkpoints: deque[StatusLine] = deque(maxlen=CHECKPOINTS_KEPT)
         self.profile: StatusLine | None = None
+        # "prepare" for a launched prepare (run_start's mode), whose `prepare` lines
+        # are its progress; "train" otherwise.
+        self.mode = "train"
+        self.prepare: StatusLine | None = None
         self.history = RunHistory()
         # The newest `history` step lines whole: the zoomed plots and `metrics` read them.
         self._step_rows = self.history.group(STEP_METRICS, recent=self._history)
@@ -165,6 +169,7 @@ class RunState:
         self.config = config
         self.topology = line["topology"]
         self.total_steps = line["total_steps"]
+        self.mode = str(line.get("mode") or "train")
         epochs = config.get("epochs")
         self.epochs = epochs if isinstance(epochs, int) else self.epochs
         for key in LIVE_SETTINGS:
@@ -176,6 +181,9 @@ class RunState:
             self.step = start_step
         resumed = bool(line.get("resumed_from")) or bool(start_step)
         self.history.mark("resume" if resumed else "start", self.step or 0, line.t)
+
+    def _apply_prepare(self, line: StatusLine) -> None:
+        self.prepare = line
 
     def _apply_step(self, line: StatusLine) -> None:
         fields = line.fields
@@ -343,7 +351,7 @@ class RunState:
         age = self.last_line_age(now)
         if age is not None and age > self.stall_after:
             return "stalled"
-        return "running"
+        return "preparing" if self.mode == "prepare" else "running"
 
     @property
     def run_state(self) -> str:
@@ -449,4 +457,5 @@ _HANDLERS: dict[str, Callable[[RunState, StatusLine], None]] = {
     "checkpoint": RunState._apply_checkpoint,
     "profile": RunState._apply_profile,
     "run_end": RunState._apply_end,
+    "prepare": RunState._apply_prepare,
 }

@@ -12,6 +12,7 @@ from dflash_tui.widgets import units
 
 BADGE_STYLE = {
     "running": "success",
+    "preparing": "success",
     "finished": "primary",
     "crashed": "error",
     "stalled": "warning",

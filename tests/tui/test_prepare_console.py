@@ -1,0 +1,65 @@
+"""A launched prepare (`dflash-train launch RUN --prepare -- ...`, the real SmolLM2 target on the
+CPU) streams `prepare` progress lines under the control plane, and the console shows the run
+as PREPARING with the prepare's progress in the queue pane's place, then FINISHED."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from dflash_train import protocol
+from dflash_tui.widgets.header import RunHeader
+from dflash_tui.widgets.hs_queue import HsQueuePane
+from tests.tui.console_harness import console_app, wait_until
+
+PREPARE = ["--target-model", "smollm2", "--prompts", "builtin", "--samples", "3"]
+PREPARE += ["--max-new-tokens", "6", "--batch-size", "1", "--chunk-size", "1", "--devices", "cpu"]
+
+
+def _dflash(*args: str) -> protocol.Reply:
+    result = subprocess.run(
+        [sys.executable, "-m", "dflash_train", *args],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    reply = protocol.decode_reply(result.stdout)
+    assert isinstance(reply, protocol.Reply), (result.stdout, result.stderr[-2000:])
+    return reply
+
+
+async def test_a_launched_prepare_streams_progress_and_reads_preparing(tmp_path: Path) -> None:
+    run_dir, out = tmp_path / "run", tmp_path / "data"
+    reply = _dflash("launch", str(run_dir), "--prepare", "--", *PREPARE, "--out", str(out))
+    assert reply.ok, (reply.error, reply.data.get("log_tail"))
+    try:
+        app, _ = console_app(run_dir)
+        async with app.run_test(size=(160, 48)) as pilot:
+            header = app.screen.query_one(RunHeader)
+            await wait_until(pilot, lambda: "PREPARING" in str(header.render()), timeout=120)
+            assert app.state.mode == "prepare"
+            pane = app.screen.query_one(HsQueuePane)
+            await wait_until(pilot, lambda: app.state.prepare is not None, timeout=120)
+            await wait_until(pilot, lambda: "answer tok/s" in str(pane.render()), timeout=30)
+            assert pane.border_title == "2 prepare"
+            await wait_until(pilot, lambda: app.state.end is not None, timeout=240)
+            assert app.state.end["reason"] == "completed"
+            await wait_until(pilot, lambda: "FINISHED" in str(header.render()))
+            assert "answers 3/3" in str(pane.render())
+    finally:
+        _dflash("stop", str(run_dir), "--timeout", "30")
+    lines = [json.loads(x) for x in (run_dir / "status.jsonl").read_text().splitlines()]
+    kinds = [line["kind"] for line in lines]
+    assert kinds[0] == "run_start" and lines[0]["mode"] == "prepare" and kinds[-1] == "run_end"
+    progress = [line for line in lines if line["kind"] == "prepare"]
+    assert progress and all(protocol.decode_line(json.dumps(p)).kind == "prepare" for p in progress)
+    last = progress[-1]
+    assert last["answers_done"] == last["answers_total"] == 3 and last["prompts_done"] == 3
+    assert [d["device"] for d in last["devices"]] == ["cpu"] and last["answer_tokens"] > 0
+    status = _dflash("status", str(run_dir))
+    assert status.ok and status.data["state"] == "finished"
+    assert (out / "prepare.json").is_file()
