@@ -31,7 +31,7 @@ from dflash_train.data.chat_tokens import (
 from dflash_train.data.conversations import Conversation, Message, user_turn
 from dflash_train.data.generation import Progress
 from dflash_train.data.prepare_progress import PrepareProgress
-from dflash_train.data.prepare_work import WorkDir, fingerprint, holding, work_dir_of
+from dflash_train.data.prepare_work import Job, WorkDir, fingerprint, holding, work_dir_of
 from dflash_train.data.writer import (
     PREPARE_INFO,
     combined_stats,
@@ -123,16 +123,6 @@ class Sample:
     prompt_index: int = -1
     turns: int = 1
     turns_truncated: int = 0
-
-
-@dataclass(frozen=True)
-class Job:
-    """One sample to make: which conversation, and in which pass over the prompts."""
-
-    index: int
-    prompt_index: int
-    conversation: Conversation
-    repeat: int
 
 
 @dataclass(frozen=True)

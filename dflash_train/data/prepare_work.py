@@ -21,7 +21,7 @@ from dflash_train.data.conversations import Conversation, Message
 from dflash_train.rundir import atomic_write_text
 
 if TYPE_CHECKING:
-    from dflash_train.data.prepare import Job, Sample
+    from dflash_train.data.prepare import Sample
 
 PLAN = "plan.json"
 CHUNKS = "chunks"
@@ -62,6 +62,16 @@ def fingerprint(config: PrepareConfig, sources: Sequence[str]) -> dict[str, Any]
     return {**kept, "files": files}
 
 
+@dataclass(frozen=True)
+class Job:
+    """One sample to make: which conversation, and in which pass over the prompts."""
+
+    index: int
+    prompt_index: int
+    conversation: Conversation
+    repeat: int
+
+
 def job_record(job: Job) -> dict[str, Any]:
     return {
         "index": job.index,
@@ -72,8 +82,6 @@ def job_record(job: Job) -> dict[str, Any]:
 
 
 def job_from_record(record: dict[str, Any]) -> Job:
-    from dflash_train.data.prepare import Job
-
     conversation: Conversation = tuple(Message(role, text) for role, text in record["messages"])
     return Job(record["index"], record["prompt_index"], conversation, record["repeat"])
 
