@@ -1,20 +1,25 @@
 """Real speculative decoding with a DFlash drafter against the target (greedy), and the
 plain greedy loop it must reproduce token for token. Both run the target through
 CachedTarget over one preallocated KV cache, so cutting the cache back to the accepted
-prefix costs nothing, and on CUDA each fixed-width step replays a captured graph."""
+prefix costs nothing. On CUDA a round (verify, acceptance, the drafter's next block) and a
+greedy step are each one captured graph that decides on the device (device_round.py); on
+the CPU both loops run eagerly, or with `Decoder(static=True)` through the same
+device-deciding code uncaptured."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import logging
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from dflash_train.decode.cached_target import CachedTarget, GraphedStep, StepOutput
+from dflash_train.decode.device_round import DeviceGreedy, DeviceRound, build
 from dflash_train.decode.draft_cache import CachedDrafter
 from dflash_train.model.drafter import DFlashDrafter
 from dflash_train.targets.frozen_target import ResolvedTarget, Target
@@ -72,7 +77,10 @@ def _cut(tokens: list[int], max_new_tokens: int, stops: set[int]) -> list[int]:
 
 class Decoder:
     """The target over one KV cache of `capacity` columns, reused prompt after prompt
-    (columns past the current length are never visible)."""
+    (columns past the current length are never visible). `graphs` (default: on CUDA):
+    greedy steps and speculative rounds decide on the device, each one CUDA graph replay,
+    and step() replays a graph for each of `widths`; `static`: the same device-deciding
+    steps and rounds without graphs (how the CPU tests check their logic)."""
 
     def __init__(
         self,
@@ -81,19 +89,24 @@ class Decoder:
         layer_ids: Sequence[int],
         widths: Sequence[int] = (),
         graphs: bool | None = None,
+        static: bool = False,
     ) -> None:
         self.runner = CachedTarget(target)
         self.cache = self.runner.new_cache(1, capacity)
         self.layer_ids = tuple(layer_ids)
         self.graphs: dict[int, GraphedStep] = {}
-        use = self.runner.device.type == "cuda" if graphs is None else graphs
-        if use:
+        self.graphed = self.runner.device.type == "cuda" if graphs is None else graphs
+        if self.graphed:
             try:
                 for n in sorted(set(widths)):
                     self.graphs[n] = GraphedStep(self.runner, self.cache, n, self.layer_ids)
             except (RuntimeError, torch.cuda.CudaError) as exc:  # fall back, slower
                 log.warning("CUDA graphs unavailable (%s); decoding eagerly", exc)
                 self.graphs = {}
+        self.on_device = self.graphed or static
+        self.greedy: DeviceGreedy | None = None
+        if self.on_device:
+            self.greedy = build(lambda: DeviceGreedy(self.runner, self.cache), self.graphed)
 
     @property
     def device(self) -> torch.device:
@@ -120,38 +133,60 @@ def _sync(device: torch.device) -> None:
 
 @torch.inference_mode()
 def greedy_decode(
-    decoder: Decoder, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int]
+    decoder: Decoder,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    stop_ids: Sequence[int],
+    on_logits: Callable[[int, torch.Tensor], None] | None = None,
 ) -> Generation:
     """One token per target forward, one unpadded sequence (so no attention mask, which
-    also sidesteps SmolLM2's pad == eos trap of generate())."""
+    also sidesteps SmolLM2's pad == eos trap of generate()). `on_logits(i, logits)` sees
+    the logits [vocab] that made token i, before the next forward."""
     started = time.perf_counter()
     stops = set(stop_ids)
     out = decoder.prefill(prompt_ids)
     forwards = 1
-    tokens = [int(out.logits[0, -1].argmax())]
+    logits = out.logits[0, -1]
+    if on_logits is not None:
+        on_logits(0, logits)
+    tokens = [int(logits.argmax())]
     position = len(prompt_ids)
+    device_step = decoder.greedy
+    if device_step is not None:
+        device_step.ids.fill_(tokens[-1])
+        device_step.start.fill_(position)
     while len(tokens) < max_new_tokens and tokens[-1] not in stops:
-        ids = torch.tensor([[tokens[-1]]], device=decoder.device)
-        out = decoder.step(ids, position)
+        if device_step is not None:
+            device_step.replay()
+            logits = device_step.logits
+            token = int(device_step.ids)  # the one sync a step
+        else:
+            ids = torch.tensor([[tokens[-1]]], device=decoder.device)
+            logits = decoder.step(ids, position).logits[0, -1]
+            token = int(logits.argmax())
         forwards += 1
         position += 1
-        tokens.append(int(out.logits[0, -1].argmax()))
+        if on_logits is not None:
+            on_logits(len(tokens), logits)
+        tokens.append(token)
     _sync(decoder.device)
     return Generation(tuple(tokens), forwards, seconds=time.perf_counter() - started)
 
 
-def cached_drafter(decoder: Decoder, drafter: DFlashDrafter) -> CachedDrafter:
+def cached_drafter(decoder: Decoder, drafter: DFlashDrafter) -> CachedDrafter | DeviceRound:
     """The drafter over a cache of its context keys/values sized to `decoder`'s, drafting
-    blocks of drafter.config.block_size (a CUDA graph per round where the device has them)."""
+    blocks of drafter.config.block_size; where `decoder` decides on the device, inside a
+    DeviceRound with the target's verify (one CUDA graph a round where it has graphs)."""
     target = decoder.runner.target
     features = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
-    return CachedDrafter(
-        drafter,
-        target.lm_head,
-        target.embed_tokens,
-        decoder.cache.capacity,
-        features,
-        graphs=bool(decoder.graphs),  # as the target's steps: none on CPU or after a fallback
+    drafts = CachedDrafter(
+        drafter, target.lm_head, target.embed_tokens, decoder.cache.capacity, features, False
+    )
+    if not decoder.on_device:
+        return drafts
+    return build(
+        lambda: DeviceRound(decoder.runner, decoder.cache, decoder.layer_ids, drafts),
+        decoder.graphed,
     )
 
 
@@ -162,7 +197,7 @@ def speculative_decode(
     prompt_ids: Sequence[int],
     max_new_tokens: int,
     stop_ids: Sequence[int],
-    drafts_by: CachedDrafter | None = None,
+    drafts_by: CachedDrafter | DeviceRound | None = None,
 ) -> Generation:
     """Each round: the drafter drafts a block from the target features of every accepted
     position, the target verifies the block in one forward, the longest prefix equal to the
@@ -175,6 +210,9 @@ def speculative_decode(
     forwards = 1
     assert out.context is not None
     anchor = out.logits[0, -1].argmax().view(1)
+    if isinstance(runner, DeviceRound):
+        runner.begin(out.context[0], anchor, len(prompt_ids))
+        return _rounds_on_device(runner, int(anchor), max_new_tokens, stops, started)
     start = len(prompt_ids)  # position of the anchor (the last token produced)
     drafts = runner.begin(out.context[0], anchor)
     tokens = [int(anchor)]
@@ -202,18 +240,39 @@ def speculative_decode(
     return Generation(tuple(tokens), forwards, tuple(lengths), time.perf_counter() - started)
 
 
+def _rounds_on_device(
+    rounds: DeviceRound, anchor: int, max_new_tokens: int, stops: set[int], started: float
+) -> Generation:
+    """speculative_decode's loop once rounds.begin() has set up the first block: each
+    replay leaves the next block on the device, the host reads only what it keeps."""
+    tokens = [anchor]
+    lengths: list[int] = []
+    while len(tokens) < max_new_tokens and tokens[-1] not in stops:
+        rounds.replay()
+        *posterior, accepted = rounds.result.tolist()  # the acceptance read
+        new = posterior[: accepted + 1]  # the accepted drafts equal the target's own tokens
+        tokens.extend(new)
+        lengths.append(len(new))
+        if any(token in stops for token in new):
+            break
+    _sync(rounds.runner.device)
+    tokens = _cut(tokens, max_new_tokens, stops)
+    seconds = time.perf_counter() - started
+    return Generation(tuple(tokens), 1 + len(lengths), tuple(lengths), seconds)
+
+
 def _decoder_for(
     target: Target, drafter: DFlashDrafter, prompt_len: int, max_new_tokens: int
 ) -> Decoder:
     size = drafter.config.block_size
     capacity = prompt_len + max_new_tokens + size + 1
-    return Decoder(target, capacity, drafter.config.target_layer_ids, widths=(1, size))
+    return Decoder(target, capacity, drafter.config.target_layer_ids)
 
 
 def greedy_generate(
     target: Target, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int]
 ) -> Generation:
-    decoder = Decoder(target, len(prompt_ids) + max_new_tokens + 1, (), widths=(1,))
+    decoder = Decoder(target, len(prompt_ids) + max_new_tokens + 1, ())
     return greedy_decode(decoder, prompt_ids, max_new_tokens, stop_ids)
 
 
@@ -230,6 +289,56 @@ def speculative_generate(
 
 
 @dataclass(frozen=True)
+class Divergence:
+    """Where a speculative output first differs from greedy's, and how close greedy's own
+    choice there was: in bfloat16 a verify over a block and a one-token forward round
+    differently, so a near-tie (a gap of an ulp or so) can flip without a bug."""
+
+    prompt: int  # index of the prompt
+    position: int  # index of the first generated token that differs
+    greedy_token: int
+    spec_token: int
+    top2_gap: float  # greedy's logits there: top-1 minus top-2
+    spec_token_gap: float  # greedy's top-1 minus greedy's logit of the speculative token
+    ulp: float  # the spacing of the logits' dtype at the top-1 logit
+
+
+def first_divergence(
+    decoder: Decoder,
+    prompt: int,
+    prompt_ids: Sequence[int],
+    plain: Generation,
+    spec: Generation,
+    stop_ids: Sequence[int],
+) -> Divergence | None:
+    """Greedy decoded again up to the first token where `spec` differs from `plain` (the
+    same forwards, so the same logits), read there; None if no token differs."""
+    pairs = enumerate(zip(plain.tokens, spec.tokens, strict=False))
+    position = next((i for i, (a, b) in pairs if a != b), None)
+    if position is None:
+        return None
+    seen: dict[str, float] = {}
+
+    def watch(index: int, logits: torch.Tensor) -> None:
+        if index == position:
+            top1, top2 = logits.float().topk(2).values.tolist()
+            seen.update(top1=top1, top2=top2, spec=float(logits[spec.tokens[position]]))
+            exponent = math.frexp(top1)[1] - 1  # |top1| in [2**exponent, 2**(exponent+1))
+            seen["ulp"] = torch.finfo(logits.dtype).eps * 2.0**exponent
+
+    greedy_decode(decoder, prompt_ids, position + 1, stop_ids, on_logits=watch)
+    return Divergence(
+        prompt=prompt,
+        position=position,
+        greedy_token=plain.tokens[position],
+        spec_token=spec.tokens[position],
+        top2_gap=seen["top1"] - seen["top2"],
+        spec_token_gap=seen["top1"] - seen["spec"],
+        ulp=seen["ulp"],
+    )
+
+
+@dataclass(frozen=True)
 class EvalSummary:
     prompts: int
     blocks: int
@@ -242,6 +351,7 @@ class EvalSummary:
     seconds: float = 0.0  # speculative decoding, summed over prompts
     baseline_seconds: float = 0.0  # plain greedy decoding, summed over prompts
     block_size: int = 0
+    divergences: tuple[Divergence, ...] = ()  # one per mismatched prompt, where measured
 
     @property
     def speedup(self) -> float:
@@ -282,17 +392,15 @@ def evaluate_prompts(
     max_new_tokens: int,
     stop_ids: Sequence[int],
     block_sizes: Sequence[int] | None = None,
+    static: bool = False,
 ) -> EvalSummary | list[EvalSummary]:
     """Decode every prompt greedily and speculatively (batch 1, one after the other, timed)
-    and compare. With `block_sizes`, one summary per block size (greedy decoded once)."""
+    and compare. With `block_sizes`, one summary per block size (greedy decoded once).
+    `static`: Decoder's, for the CPU (CUDA decides on the device anyway)."""
     sizes = list(block_sizes) if block_sizes else [drafter.config.block_size]
     longest = max(len(p) for p in prompt_token_ids)
-    decoder = Decoder(
-        target,
-        longest + max_new_tokens + max(sizes) + 1,
-        drafter.config.target_layer_ids,
-        widths=(1, *sizes),
-    )
+    capacity = longest + max_new_tokens + max(sizes) + 1
+    decoder = Decoder(target, capacity, drafter.config.target_layer_ids, static=static)
     # One untimed round first: lazy CUDA/kernel initialisation is not decoding time.
     warm = prompt_token_ids[0]
     greedy_decode(decoder, warm, min(4, max_new_tokens), stop_ids)
@@ -308,5 +416,12 @@ def evaluate_prompts(
             speculative_decode(decoder, view, p, max_new_tokens, stop_ids, runners[size])
             for p in prompt_token_ids
         ]
-        summaries.append(summarize(spec, plain, size))
+        summary = summarize(spec, plain, size)
+        # After the timed decodes: greedy again for each mismatch, up to its divergence.
+        found = (
+            first_divergence(decoder, i, prompt_token_ids[i], plain[i], spec[i], stop_ids)
+            for i in summary.mismatches
+        )
+        divergences = tuple(d for d in found if d is not None)
+        summaries.append(dataclasses.replace(summary, divergences=divergences))
     return summaries if block_sizes else summaries[0]
