@@ -8,6 +8,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dflash_train.pipeline.distributed import shard_positions
@@ -19,17 +20,28 @@ if TYPE_CHECKING:
     from dflash_train.training.run import TrainingRun
 
 
+@dataclass
+class Progress:
+    """Where the run is: what the loop advances step by step and a checkpoint records."""
+
+    step: int = 0
+    epoch: int = 0
+    tokens_seen: int = 0
+    # This epoch's batches done, by position in the epoch's plan (a resume skips them).
+    consumed: set[int] = field(default_factory=set)
+
+
 def run_epochs(run: TrainingRun) -> str:
     """Returns the run_end reason: completed, signal or error."""
     epochs = run.config.optimiser.epochs
     assert run.source is not None and run.monitor is not None
-    if run.step >= run.total_steps:  # resumed from the run's last checkpoint: nothing left
+    if run.progress.step >= run.total_steps:  # resumed from the run's last checkpoint: nothing left
         return _finish(run, "completed")
-    for epoch in range(run.epoch, epochs):
-        if run.epoch != epoch:
-            run.epoch, run.consumed = epoch, set()
+    for epoch in range(run.progress.epoch, epochs):
+        if run.progress.epoch != epoch:
+            run.progress.epoch, run.progress.consumed = epoch, set()
         order = run.plan(epoch)
-        remaining = [p for p in range(len(order)) if p not in run.consumed]
+        remaining = [p for p in range(len(order)) if p not in run.progress.consumed]
         positions = shard_positions(remaining, run.rank.rank, run.rank.world_size)
         plan = EpochPlan(epoch, order, positions)
         run.monitor.touch()
@@ -40,21 +52,21 @@ def run_epochs(run: TrainingRun) -> str:
         batches = run.source.batches(plan, source_stop)
         with contextlib.closing(batches):
             reason = _train_epoch(run, epoch, len(order), batches)
-        if reason is None and run.step < run.total_steps and run.group is None:
+        if reason is None and run.progress.step < run.total_steps and run.group is None:
             reason = _stop_reason(run)  # a stop that arrived while the source was waiting
         if reason is not None:
             return _finish(run, reason)
-        if run.step >= run.total_steps:
+        if run.progress.step >= run.total_steps:
             break
         run.monitor.emit(
             "event",
             level="info",
             code="epoch_end",
-            message=f"epoch {epoch + 1}/{epochs} done at step {run.step}",
+            message=f"epoch {epoch + 1}/{epochs} done at step {run.progress.step}",
             epoch=epoch,
-            step=run.step,
+            step=run.progress.step,
         )
-        run.epoch, run.consumed = epoch + 1, set()
+        run.progress.epoch, run.progress.consumed = epoch + 1, set()
         run.save()
     return _finish(run, "completed")
 
@@ -67,16 +79,16 @@ def _train_epoch(
     for batch in batches:
         batch.wait_ready(run.device)
         run.stepper.step(batch, epoch)
-        run.step += 1
-        run.consumed.add(batch.position)
-        run.tokens_seen += batch.tokens
+        run.progress.step += 1
+        run.progress.consumed.add(batch.position)
+        run.progress.tokens_seen += batch.tokens
         interval_tokens += batch.tokens
         interval_steps += 1
         reason = _stop_reason(run)
         if interval_steps >= log_every or reason is not None:
             _submit(run, epoch, batches_in_epoch, interval_tokens)
             interval_tokens = interval_steps = 0
-        if save_every and run.step % save_every == 0:
+        if save_every and run.progress.step % save_every == 0:
             run.save()
         if reason is not None:
             return reason
@@ -87,7 +99,7 @@ def _train_epoch(
 
 def _stop_reason(run: TrainingRun) -> str | None:
     """completed (max steps), signal or error; every rank agrees before anyone acts."""
-    done = run.step >= run.total_steps
+    done = run.progress.step >= run.total_steps
     stopping = run.stop.is_set()
     error = stopping and run.stop.reason == "error"
     if run.group is not None:
@@ -105,12 +117,14 @@ def _submit(run: TrainingRun, epoch: int, batches: int, tokens: int) -> None:
     assert run.monitor is not None
     run.monitor.submit_step(
         StepRecord(
-            step=run.step,
+            step=run.progress.step,
             epoch=epoch,
             # Ranks share the epoch evenly; rank 0 knows only its own share.
-            epoch_progress=min(1.0, len(run.consumed) * run.rank.world_size / max(1, batches)),
+            epoch_progress=min(
+                1.0, len(run.progress.consumed) * run.rank.world_size / max(1, batches)
+            ),
             lr=run.stepper.lr,
-            tokens_total=run.tokens_seen,
+            tokens_total=run.progress.tokens_seen,
             tokens_interval=tokens,
             at=time.monotonic(),
             metrics=run.stepper.snapshot(),

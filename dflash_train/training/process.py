@@ -132,9 +132,9 @@ def _run_and_report(
         return 1
     code = 1 if reason == "error" else 0
     if writer is not None:
-        fields: dict[str, Any] = {"reason": reason, "exit_code": code, "step": run.step}
+        fields: dict[str, Any] = {"reason": reason, "exit_code": code, "step": run.progress.step}
         if reason == "error":
             fields["error_tail"] = stop.message
         writer.write("run_end", **fields)
-    print(f"run_end: {reason} at step {run.step}", file=sys.stderr)
+    print(f"run_end: {reason} at step {run.progress.step}", file=sys.stderr)
     return code

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from dflash_train.checkpoint import layout as checkpoint_layout
 from dflash_train.checkpoint import store as checkpoints
+from dflash_train.training.loop import Progress
 
 if TYPE_CHECKING:
     from dflash_train.model.drafter import DFlashConfig
@@ -59,8 +60,7 @@ def resume(run: TrainingRun, path: Path) -> None:
     run.stepper.load_state_dicts(loaded.optimizer, loaded.scheduler)
     checkpoints.restore_rng(loaded.rng)
     state = loaded.state
-    run.step, run.epoch, run.tokens_seen = state.step, state.epoch, state.tokens_seen
-    run.consumed = set(state.consumed)
+    run.progress = Progress(state.step, state.epoch, state.tokens_seen, set(state.consumed))
     run.last_saved_step = state.step
     # Values given in the config win over the settings live at the checkpoint.
     pipeline = run.config.pipeline
@@ -72,4 +72,4 @@ def resume(run: TrainingRun, path: Path) -> None:
     run.resumed_from = str(path)
     run.resumed_run = state.run_id
     other = "" if run.resumed_run == run.run_id else f" (run {run.resumed_run})"
-    print(f"resumed from {path}{other} at step {run.step}", file=sys.stderr)
+    print(f"resumed from {path}{other} at step {run.progress.step}", file=sys.stderr)

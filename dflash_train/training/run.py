@@ -29,12 +29,18 @@ from dflash_train.pipeline.stage_timers import StageTimers
 from dflash_train.rundir import RunDir
 from dflash_train.stream.writer import StatusWriter
 from dflash_train.training import resume
-from dflash_train.training.loop import run_epochs
+from dflash_train.training.loop import Progress, run_epochs
 from dflash_train.training.stop_flag import StopFlag
 
 if TYPE_CHECKING:
+    import torch
+
+    from dflash_train.data.buckets import BatchPlanStats
+    from dflash_train.data.dataset import TokenDataset
+    from dflash_train.model.drafter import DFlashDrafter
     from dflash_train.model.mask_token import MaskChoice
     from dflash_train.pipeline.drafter_step import DrafterStepper
+    from dflash_train.targets.frozen_target import Target
 
 
 class TrainingRun:
@@ -53,10 +59,7 @@ class TrainingRun:
         self.writer = writer
         self.rank = rank
         self.stop = stop
-        self.step = 0
-        self.epoch = 0
-        self.tokens_seen = 0
-        self.consumed: set[int] = set()
+        self.progress = Progress()  # the loop advances it; a checkpoint records it
         self.settings = config.live_settings()
         # Revisions written before this process took the lock belong to an earlier run.
         self.control_rev = read_control_rev(run_dir.control)
@@ -64,6 +67,7 @@ class TrainingRun:
         self.timers = StageTimers()
         self.monitor: MonitorThread | None = None
         self.source: SyncSource | AsyncSource | None = None
+        self.pool: HiddenStatePool[Any] | None = None  # the async pipeline's
         self.group: RankGroup | None = None
         self.wandb: Any = None
         self.resumed_from: str | None = None
@@ -72,6 +76,26 @@ class TrainingRun:
         self.mask_reason = ""
         self._plan_cache: tuple[int, list[list[int]]] | None = None
         self._checkpointer: AsyncCheckpointer | None = None
+        # What setup() builds, in its order (declared here, set there: each needs the one
+        # before it, and none is used before setup has returned).
+        self.all_target_devices: list[str]
+        self.all_drafter_devices: list[str]
+        self.device: torch.device
+        self.target_devices: list[torch.device]
+        self.checkpoint_dir: Path
+        self.target_identity: str
+        self.dataset: TokenDataset
+        self.batches_per_epoch: int
+        self.batch_stats: BatchPlanStats
+        self.total_steps: int
+        self.targets: list[Target]
+        self.embed_tokens: torch.nn.Module
+        self.lm_head: torch.nn.Module
+        self.layer_ids: list[int]
+        self.feature_layer_ids: list[int]
+        self.drafter: DFlashDrafter
+        self.stepper: DrafterStepper
+        self.compile_report: dict[str, Any]
 
     # -- set-up -------------------------------------------------------------------------
     def setup(self) -> None:
@@ -115,7 +139,6 @@ class TrainingRun:
             pin=any(d.type == "cuda" for d in self.target_devices),
             timers=self.timers,
         )
-        self.pool: HiddenStatePool[Any] | None = None
         if config.pipeline.pipeline == "sync":
             self.source = SyncSource(
                 loader,
@@ -238,7 +261,7 @@ class TrainingRun:
             seed=optimiser.seed,
             distill=optimiser.distill,
         )
-        self.stepper: DrafterStepper = DrafterStepper(
+        self.stepper = DrafterStepper(
             wrapped,
             self.drafter,
             embed_tokens=self.embed_tokens,
@@ -347,7 +370,7 @@ class TrainingRun:
                 "token_id": self.drafter.config.mask_token_id,
                 "reason": self.mask_reason,
             },
-            start_step=self.step,
+            start_step=self.progress.step,
             settings=dict(self.settings),
             layer_ids=self.layer_ids,
             kernels=kernels_in_use(
@@ -364,8 +387,8 @@ class TrainingRun:
 
         model = self.config.model
         shapes = warm_up_shapes(
-            self.dataset.lengths, self.plan(self.epoch), model.max_length, model.num_anchors,
-            model.block_size,
+            self.dataset.lengths, self.plan(self.progress.epoch), model.max_length,
+            model.num_anchors, model.block_size,
         )  # fmt: skip
         self.compile_report = compile_before_workers(
             targets=self.targets,
@@ -392,20 +415,20 @@ class TrainingRun:
 
     def save(self) -> None:
         """Checkpoint now (rank 0 writes; the others only take part in gathering)."""
-        if self.step == 0:
+        if self.progress.step == 0:
             return  # nothing trained yet (a stop during loading): no checkpoint to keep
         if self.monitor is not None:
             self.monitor.touch()
-        consumed = sorted(self.consumed)
+        consumed = sorted(self.progress.consumed)
         if self.group is not None:
             consumed = self.group.union(consumed)
-        if not self.rank.is_main or self.last_saved_step == self.step:
+        if not self.rank.is_main or self.last_saved_step == self.progress.step:
             return
         state = checkpoints.TrainState(
-            step=self.step,
-            epoch=self.epoch,
+            step=self.progress.step,
+            epoch=self.progress.epoch,
             consumed=consumed,
-            tokens_seen=self.tokens_seen,
+            tokens_seen=self.progress.tokens_seen,
             run_id=self.run_id,
             settings=dict(self.settings),
             control_rev=self.monitor.control.last_rev
@@ -421,7 +444,7 @@ class TrainingRun:
             checkpoints.capture_rng([self.device, *self.target_devices]),
             self.config.run.keep_checkpoints,
         )
-        self.last_saved_step = self.step
+        self.last_saved_step = self.progress.step
 
     def checkpointer(self) -> AsyncCheckpointer:
         if self._checkpointer is None:
