@@ -123,6 +123,25 @@ EVENT_CODE_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
         "seconds": NUMBER,
     },
 }
+# Event codes whose lines carry more required fields, checked like a kind's. `eval`: one
+# held-out evaluation of the drafter at `step` (in the run, or `dflash-train eval
+# --run-dir` by hand): `tau` the mean tokens per draft-verify round of real greedy
+# speculative decoding on `prompts` held-out prompts x up to `tokens` new tokens, `tau_tf`
+# the teacher-forced acceptance length on the held-out answers (null when the held-out set
+# has none), `lossless` every output equal to plain greedy decoding, `seconds` what the
+# evaluation took. Optional: slot_acc (teacher-forced per-slot acceptance), dtype,
+# device, block_size, checkpoint (its path), source ("run" or "manual").
+EVENT_CODE_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
+    "eval": {
+        "step": (int,),
+        "tau": NUMBER,
+        "tau_tf": OPT_NUMBER,
+        "lossless": (bool,),
+        "prompts": (int,),
+        "tokens": (int,),
+        "seconds": NUMBER,
+    },
+}
 RUN_END_REASONS = ("completed", "signal", "error")
 GPU_FIELDS: dict[str, tuple[type, ...]] = {
     "index": (int,),
@@ -193,17 +212,31 @@ def _finite_or_none(value: Any) -> Any:
     return value
 
 
-def _check_fields(kind: str, fields: Mapping[str, Any]) -> Rejected | None:
-    for name, types in KINDS[kind].items():
+def _check_required(
+    where: str, fields: Mapping[str, Any], wanted: Mapping[str, tuple[type, ...]]
+) -> Rejected | None:
+    for name, types in wanted.items():
         if name not in fields:
-            return Rejected("missing_field", f"{kind}: missing field {name!r}")
+            return Rejected("missing_field", f"{where}: missing field {name!r}")
         if not _type_ok(fields[name], types):
             got = type(fields[name]).__name__
             return Rejected(
-                "wrong_type", f"{kind}.{name}: expected {_type_names(types)}, got {got}"
+                "wrong_type", f"{where}.{name}: expected {_type_names(types)}, got {got}"
             )
+    return None
+
+
+def _check_fields(kind: str, fields: Mapping[str, Any]) -> Rejected | None:
+    problem = _check_required(kind, fields, KINDS[kind])
+    if problem is not None:
+        return problem
     if kind == "event" and fields["level"] not in EVENT_LEVELS:
         return Rejected("bad_value", f"event.level: {fields['level']!r} not in {EVENT_LEVELS}")
+    if kind == "event" and fields["code"] in EVENT_CODE_FIELDS:
+        code = fields["code"]
+        problem = _check_required(f"event {code}", fields, EVENT_CODE_FIELDS[code])
+        if problem is not None:
+            return problem
     if kind == "run_end" and fields["reason"] not in RUN_END_REASONS:
         return Rejected(
             "bad_value", f"run_end.reason: {fields['reason']!r} not in {RUN_END_REASONS}"

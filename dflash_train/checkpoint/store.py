@@ -226,12 +226,18 @@ def save_checkpoint(
 def prune_checkpoints(root: Path, keep: int, *, run_id: str | None = None) -> list[Path]:
     """Delete all but the newest `keep` (at least 1: the one just written) complete
     checkpoints in `root`, one run's folder, and stale temp dirs. With `run_id`, a
-    checkpoint recording another run is never deleted, whatever folder it sits in."""
+    checkpoint recording another run is never deleted, whatever folder it sits in. The
+    one with the best held-out tau (heldout_score.py) is kept too, whatever its age."""
+    from dflash_train.checkpoint.heldout_score import best_of
+
     removed: list[Path] = []
     found = list_checkpoints(root)
     if run_id is not None:
         found = [(s, p) for s, p in found if recorded_run(p) in (run_id, None)]
+    best = best_of(p for _, p in found)
     for _, path in found[: max(0, len(found) - max(1, keep))]:
+        if best is not None and path == best[0]:
+            continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     for stale in root.glob(".tmp-step_*"):

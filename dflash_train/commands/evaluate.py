@@ -12,20 +12,33 @@ from dflash_train import protocol
 
 if TYPE_CHECKING:
     from dflash_train.data.conversations import Conversation
+    from dflash_train.data.heldout import HeldoutSet
     from dflash_train.decode.speculative import EvalSummary
     from dflash_train.targets.frozen_target import ResolvedTarget
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target-model", required=True, help="HF dir, smollm2 or random:<preset>")
     parser.add_argument(
-        "--drafter", required=True, help="an export dir, a checkpoint dir or a run dir"
+        "--target-model", help="HF dir, smollm2 or random:<preset> (default: the run's)"
     )
     parser.add_argument(
-        "--prompts", default="builtin", help="builtin (its held-out eval split) or a prompt file"
+        "--drafter",
+        help="an export dir, a checkpoint dir or a run dir (default with --run-dir: its "
+        "newest checkpoint)",
     )
-    parser.add_argument("--max-prompts", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument(
+        "--prompts",
+        help="builtin (its held-out eval split, the default) or a prompt file; with "
+        "--run-dir: the run's held-out set",
+    )
+    parser.add_argument("--max-prompts", type=int, help="default 8; the run's --eval-prompts")
+    parser.add_argument("--max-new-tokens", type=int, help="default 128; the run's --eval-tokens")
+    parser.add_argument(
+        "--run-dir",
+        metavar="RUN",
+        help="evaluate a checkpoint of this run with its settings and held-out set, and "
+        "record the result: the checkpoint's score and an `eval` event in the run's stream",
+    )
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if any)")
     parser.add_argument(
         "--dtype",
@@ -56,6 +69,20 @@ def _fail(code: str, message: str, rc: int = 2) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    heldout = None
+    if args.run_dir is not None:
+        from dflash_train.commands.eval_run import RunEvalError, apply_run_defaults
+
+        try:
+            heldout = apply_run_defaults(args)
+        except RunEvalError as exc:
+            return _fail(exc.code, str(exc))
+    for name, default in (("prompts", "builtin"), ("max_prompts", 8), ("max_new_tokens", 128)):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    for name in ("target_model", "drafter"):
+        if getattr(args, name) is None:
+            return _fail("bad_argument", f"{name}: required (or give --run-dir)")
     if args.max_prompts < 1:
         return _fail("bad_argument", f"max_prompts: {args.max_prompts} is below 1")
     if args.max_new_tokens < 1:
@@ -72,18 +99,24 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail("bad_target", str(exc))
     try:
-        prompts = [eval_prompt(c) for c in load_conversations(args.prompts, split="eval")][
-            : args.max_prompts
-        ]
+        conversations = (
+            heldout.prompts
+            if heldout is not None
+            else load_conversations(args.prompts, split="eval")
+        )
+        prompts = [eval_prompt(c) for c in conversations][: args.max_prompts]
     except PromptError as exc:
         return _fail("bad_prompts", str(exc))
     if not prompts:
         return _fail("bad_prompts", f"prompts: {args.prompts} holds no prompt")
-    return _evaluate(args, resolved, prompts)
+    return _evaluate(args, resolved, prompts, heldout)
 
 
 def _evaluate(
-    args: argparse.Namespace, resolved: ResolvedTarget, prompts: list[Conversation]
+    args: argparse.Namespace,
+    resolved: ResolvedTarget,
+    prompts: list[Conversation],
+    heldout: HeldoutSet | None = None,
 ) -> int:
     import torch
 
@@ -127,6 +160,10 @@ def _evaluate(
     fields = _figures(first)
     if len(summaries) > 1:
         fields["by_block_size"] = [_figures(s) for s in summaries]
+    if heldout is not None:
+        from dflash_train.commands.eval_run import record_manual_eval
+
+        fields |= record_manual_eval(args, target, drafter, heldout, first, start)
     _reply(
         protocol.reply_ok(
             "eval",

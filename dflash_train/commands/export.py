@@ -18,6 +18,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--out", default=None, help="output directory (default: RUN_DIR/export for a run dir)"
     )
     parser.add_argument(
+        "--best",
+        action="store_true",
+        help="of a run dir, the checkpoint with the highest held-out tau (its eval.json), "
+        "not the newest",
+    )
+    parser.add_argument(
         "--dtype",
         default="bfloat16",
         choices=("bfloat16", "float16", "float32"),
@@ -36,8 +42,12 @@ def run(args: argparse.Namespace) -> int:
     from dflash_train.model.drafter import read_drafter_config
 
     start = time.monotonic()
+    chosen: dict[str, object] = {}
     try:
-        checkpoint = resolve_export_source(args.source)
+        if args.best:
+            checkpoint, chosen = best_checkpoint(Path(args.source).expanduser().absolute())
+        else:
+            checkpoint = resolve_export_source(args.source)
     except ValueError as exc:
         _reply(protocol.reply_error("export", "bad_source", str(exc)))
         return 2
@@ -61,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     seconds = round(time.monotonic() - start, 3)
     # Said in the reply's own line: an export no engine can load must not pass unnoticed.
     told = f"exported {checkpoint.name} to {path} in {seconds:.1f} s"
+    if chosen:
+        told = f"{told} (best held-out tau {chosen['tau']} at step {chosen['step']})"
     _reply(
         protocol.reply_ok(
             "export",
@@ -70,7 +82,34 @@ def run(args: argparse.Namespace) -> int:
             files=sorted(p.name for p in path.iterdir()),
             seconds=seconds,
             servable=problem is None,
+            **chosen,
             message=f"{told}; {problem}" if problem else f"{told}; servable by DFlash engines",
         )
     )
     return 0
+
+
+def best_checkpoint(run_dir: Path) -> tuple[Path, dict[str, object]]:
+    """The run's complete checkpoint with the highest held-out tau, and its step and tau
+    (plus tau_tf) for the reply. Raises ValueError naming what is missing."""
+    from dflash_train.checkpoint.heldout_score import best_of
+    from dflash_train.checkpoint.layout import run_checkpoints
+    from dflash_train.rundir import RunDir, read_json
+    from dflash_train.stream.reader import last_record
+
+    where = RunDir.at(run_dir)
+    if not (where.checkpoints).is_dir():
+        raise ValueError(f"source: --best needs a run dir; {run_dir} has no checkpoints/")
+    last = last_record(where.status)
+    record = read_json(where.run_json)
+    run_id = last.run if last is not None else (record or {}).get("run_id")
+    if not isinstance(run_id, str):
+        raise ValueError(f"source: {run_dir} names no run (no status.jsonl or run.json)")
+    best = best_of(path for _, path in run_checkpoints(where.checkpoints, run_id))
+    if best is None:
+        raise ValueError(
+            f"source: no checkpoint of run {run_id} has a held-out score (eval.json); "
+            f"train with --eval-every or run dflash-train eval --run-dir {run_dir}"
+        )
+    path, score = best
+    return path, {"step": score.get("step"), "tau": score["tau"], "tau_tf": score.get("tau_tf")}

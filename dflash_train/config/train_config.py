@@ -60,6 +60,16 @@ class RunOptions:
     keep_checkpoints: int = option("int", 3, "newest checkpoints kept", minimum=1)
     max_bad_steps: int = option("int", 20, "non-finite steps in a row that end the run", minimum=1)
     log_every: int = option("int", 1, "steps per `step` line", minimum=1)
+    eval_every: int | None = option(
+        "int", None, "steps between held-out evaluations, each checkpointed first "
+        "(default: at every checkpoint; 0: off)", minimum=0, metavar="STEPS",
+    )  # fmt: skip
+    eval_prompts: int = option("int", 16, "held-out prompts decoded per evaluation", minimum=1)
+    eval_tokens: int = option("int", 128, "new tokens at most per held-out prompt", minimum=1)
+    eval_data: str | None = option(
+        "str", None, "the held-out set: a prepared data dir (its heldout.jsonl), a .jsonl "
+        "file, or builtin (default: DATA_DIR/heldout.jsonl)", metavar="DIR|FILE",
+    )  # fmt: skip
     wandb_project: str | None = option("str", None, "log to this W&B project (offline w/o key)")
     wandb_entity: str | None = option("str", None, "the W&B team or user (default: the key's)")
     wandb_name: str | None = option("str", None, "the W&B run's display name (default: run id)")

@@ -11,6 +11,7 @@ from typing import Any
 
 from dflash_train.checkpoint import layout as checkpoint_layout
 from dflash_train.checkpoint import store as checkpoints
+from dflash_train.checkpoint.heldout_score import best_of, read_score
 
 TEMP_PREFIX = ".tmp-"  # checkpoints.save_checkpoint writes into .tmp-step_N first
 
@@ -31,9 +32,16 @@ def _step(path: Path) -> int | None:
     return int(name.removeprefix("step_"))
 
 
+def _scored(path: Path) -> dict[str, Any]:
+    score = read_score(path) or {}
+    return {"tau": score.get("tau"), "tau_tf": score.get("tau_tf")}
+
+
 def checkpoint_list(run_dir_root: Path, run_id: str | None) -> list[dict[str, Any]]:
     """Run `run_id`'s checkpoints, oldest step first: step, path, size_bytes, complete,
-    written_at (when its marker was written; for an incomplete one, its last change)."""
+    written_at (when its marker was written; for an incomplete one, its last change),
+    tau and tau_tf (its held-out evaluation, null when it has none) and best (the
+    highest held-out tau of the run's complete checkpoints)."""
     if not run_id or not checkpoint_layout.RUN_ID.fullmatch(run_id):
         return []
     root = run_dir_root / "checkpoints"
@@ -44,6 +52,7 @@ def checkpoint_list(run_dir_root: Path, run_id: str | None) -> list[dict[str, An
             child for child in folder.iterdir() if child.is_dir() and _step(child) is not None
         }
     listed = []
+    best = best_of(p for p in found if checkpoints.is_complete(p))
     for path in found:
         step = _step(path)
         if step is None:
@@ -62,6 +71,8 @@ def checkpoint_list(run_dir_root: Path, run_id: str | None) -> list[dict[str, An
                 "size_bytes": _size(path),
                 "complete": complete,
                 "written_at": written,
+                **_scored(path),
+                "best": best is not None and best[0] == path,
             }
         )
     return sorted(listed, key=lambda c: (c["step"], c["written_at"] or 0.0))

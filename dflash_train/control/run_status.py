@@ -32,15 +32,23 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES, *, since: int = 0) -> list
     return text[-lines:]
 
 
-def _total_steps(run_dir: RunDir, facts: StreamFacts) -> int | None:
-    """From the newest run_start, else (a long run: its run_start lies before the tail that
-    was read) from the stream's first line."""
+def newest_run_start(
+    run_dir: RunDir, facts: StreamFacts | None = None
+) -> protocol.StatusLine | None:
+    """The newest run_start of the stream's run, else (a long run: its run_start lies
+    before the tail that was read) the stream's first line when it is one."""
+    facts = find_lines(run_dir.status, None) if facts is None else facts
     start = facts.run_start
     if start is None and facts.last is not None:
         with contextlib.suppress(FileNotFoundError), run_dir.status.open("rb") as fh:
             first = protocol.decode_line(fh.readline(protocol.MAX_LINE_BYTES))
             if isinstance(first, protocol.StatusLine) and first.run == facts.last.run:
                 start = first if first.kind == "run_start" else None
+    return start
+
+
+def _total_steps(run_dir: RunDir, facts: StreamFacts) -> int | None:
+    start = newest_run_start(run_dir, facts)
     total = start.get("total_steps") if start is not None else None
     return total if isinstance(total, int) else None
 

@@ -18,6 +18,7 @@ from dflash_train.pipeline.drafter_step import MetricsSnapshot, decode_interval
 from dflash_train.pipeline.pool import HiddenStatePool, PoolStats
 from dflash_train.pipeline.stage_timers import StageTimers
 from dflash_train.pipeline.wandb_log import WandbLogger
+from dflash_train.stream.eval_inbox import EvalInbox
 from dflash_train.stream.writer import StatusWriter
 
 
@@ -66,6 +67,7 @@ class MonitorThread(threading.Thread):
         wandb: WandbLogger | None = None,
         intervals: MonitorIntervals | None = None,
         start_time: float | None = None,
+        eval_inbox: EvalInbox | None = None,
     ) -> None:
         super().__init__(name="monitor", daemon=True)
         self.writer = writer
@@ -81,6 +83,7 @@ class MonitorThread(threading.Thread):
         self.allocator_devices = allocator_devices
         self.wandb = wandb
         self.intervals = intervals or MonitorIntervals()
+        self.eval_inbox = eval_inbox
         self._items: collections.deque[StepRecord | tuple[str, dict[str, Any]]] = (
             collections.deque()
         )
@@ -157,6 +160,8 @@ class MonitorThread(threading.Thread):
             else:
                 kind, fields = head
                 self._write(kind, **fields)
+                if kind == "event" and fields.get("code") == "eval":
+                    self._log_eval(fields)
             with self._cond:
                 self._items.popleft()
 
@@ -171,6 +176,10 @@ class MonitorThread(threading.Thread):
         iv = self.intervals
         if self.control is not None and self._due_now("control", iv.control, now):
             self._poll_control()
+        if self.eval_inbox is not None and self._due_now("eval_inbox", iv.control, now):
+            for fields in self.eval_inbox.take():  # `dflash-train eval --run-dir`, by hand
+                self._write("event", **fields)
+                self._log_eval(fields)
         if self._quiet_for_stall(now):
             return
         if self._due_now("queue", iv.queue, now):
@@ -253,6 +262,15 @@ class MonitorThread(threading.Thread):
                 f"{figures.max_streak} non-finite steps in a row (--max-bad-steps "
                 f"{self.max_bad_steps}) at step {record.step}"
             )
+
+    def _log_eval(self, fields: dict[str, Any]) -> None:
+        """W&B gets a held-out evaluation's numbers under its step."""
+        if self.wandb is None:
+            return
+        names = ("tau", "tau_tf", "seconds")
+        figures = {f"eval/{k}": fields[k] for k in names if fields.get(k) is not None}
+        figures["eval/lossless"] = int(bool(fields.get("lossless")))
+        self.wandb.log(figures, max(self._wandb_step, int(fields.get("step", 0))))
 
     def _write_queue(self, now: float) -> None:
         settings = dict(self.settings())

@@ -35,6 +35,9 @@ _QUEUE_VALUES = ("hs_ready", "producer_wait", "consumer_wait", "starved")
 # first and last readings. (In the order a gpu line lists them.)
 _GPU_VALUES = ("util", "mem_used", "power_w")
 _GPU_INDEX = re.compile(rb'"index":([0-9]+)')
+EVAL_EVENTS = "eval_event"
+_EVAL_CODE = b'"code":"eval"'
+_EVAL_KEY = EVAL_EVENTS.encode()
 # How many whole lines of each kind the summary keeps (the newest ones).
 WHOLE_CAPS: dict[str, int] = {
     "run_start": 50,
@@ -42,6 +45,9 @@ WHOLE_CAPS: dict[str, int] = {
     # A six-day run saving every 500 steps writes about 400.
     "checkpoint": 1000,
     "event": 500,
+    # Held-out evaluations (`event` lines of code eval) apart from the other events, so
+    # the whole run's held-out series survives however many other events there are.
+    EVAL_EVENTS: 1000,
 }
 
 
@@ -386,6 +392,8 @@ class HistorySummary:
                 series[1].append(line)
                 continue
             kept = whole.get(raw_kind)
+            if raw_kind == b"event" and _EVAL_CODE in line:
+                kept = whole[_EVAL_KEY]
             if kept is not None:
                 kept.append((seq, line))
         self._hand_over(pending)
@@ -427,7 +435,8 @@ class HistorySummary:
         for kind, series in summary.series.items():
             series.restore(state["series"][kind])
         for kind, kept in summary.whole.items():
-            kept.extend((int(seq), line.encode("latin-1")) for seq, line in state["whole"][kind])
+            saved = state["whole"].get(kind, ())  # eval_event: absent from older summaries
+            kept.extend((int(seq), line.encode("latin-1")) for seq, line in saved)
         summary.lines_in = int(state["lines_in"])
         if state["run"] is not None:
             summary._run_raw = state["run"].encode("latin-1")

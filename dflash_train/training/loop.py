@@ -68,6 +68,7 @@ def run_epochs(run: TrainingRun) -> str:
         )
         run.progress.epoch, run.progress.consumed = epoch + 1, set()
         run.save()
+        run.heldout.after_save(run.progress.step)
     return _finish(run, "completed")
 
 
@@ -88,8 +89,11 @@ def _train_epoch(
         if interval_steps >= log_every or reason is not None:
             _submit(run, epoch, batches_in_epoch, interval_tokens)
             interval_tokens = interval_steps = 0
-        if save_every and run.progress.step % save_every == 0:
+        if (save_every and run.progress.step % save_every == 0) or run.heldout.wants_save(
+            run.progress.step
+        ):
             run.save()
+            run.heldout.after_save(run.progress.step)
         if reason is not None:
             return reason
     if interval_steps:
@@ -138,6 +142,8 @@ def _finish(run: TrainingRun, reason: str) -> str:
         print(f"stopping: {run.stop.message}", file=sys.stderr)
         return reason
     run.save()
+    if reason == "completed":
+        run.heldout.after_save(run.progress.step)  # the final checkpoint's score, before export
     if reason == "completed" and run.rank.is_main:
         _export(run)
     return reason

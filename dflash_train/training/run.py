@@ -27,8 +27,10 @@ from dflash_train.pipeline.pool import HiddenStatePool
 from dflash_train.pipeline.sources import AsyncSource, BatchLoader, SyncSource
 from dflash_train.pipeline.stage_timers import StageTimers
 from dflash_train.rundir import RunDir
+from dflash_train.stream.eval_inbox import EvalInbox
 from dflash_train.stream.writer import StatusWriter
 from dflash_train.training import resume
+from dflash_train.training.heldout_eval import HeldoutEvaluator
 from dflash_train.training.loop import Progress, run_epochs
 from dflash_train.training.stop_flag import StopFlag
 
@@ -76,6 +78,7 @@ class TrainingRun:
         self.mask_reason = ""
         self._plan_cache: tuple[int, list[list[int]]] | None = None
         self._checkpointer: AsyncCheckpointer | None = None
+        self.heldout = HeldoutEvaluator(self)
         # What setup() builds, in its order (declared here, set there: each needs the one
         # before it, and none is used before setup has returned).
         self.all_target_devices: list[str]
@@ -162,6 +165,7 @@ class TrainingRun:
                 pool=self.pool,
             )
         self._start_monitor()
+        self.heldout.load()
         self._write_run_start()
         self._compile_before_workers()
 
@@ -335,6 +339,7 @@ class TrainingRun:
             gpu_roles=roles,
             allocator_devices=cuda,
             wandb=self.wandb,
+            eval_inbox=EvalInbox(self.run_dir) if self.rank.is_main else None,
         )
 
     def _apply_settings(self, updates: dict[str, int]) -> None:

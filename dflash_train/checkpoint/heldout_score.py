@@ -1,0 +1,53 @@
+"""A checkpoint's held-out score: `eval.json` in its step folder, the fields of the `eval`
+event that measured it (protocol.EVENT_CODE_FIELDS). `status`, `export --best` and pruning
+read it; the in-run evaluation and `dflash-train eval --run-dir` write it. Kept beside the
+weights, so the score travels with the checkpoint and outlives a rotated stream.
+
+Standard library only (the control plane reads it without importing torch)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from dflash_train.rundir import atomic_write_json
+
+SCORE_FILE = "eval.json"
+
+
+def read_score(checkpoint: Path) -> dict[str, Any] | None:
+    """The checkpoint's recorded evaluation, None when it has none (or an unreadable one)."""
+    try:
+        data = json.loads((checkpoint / SCORE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    tau = data.get("tau")
+    if not isinstance(tau, (int, float)) or isinstance(tau, bool) or not math.isfinite(tau):
+        return None
+    return data
+
+
+def write_score(checkpoint: Path, fields: Mapping[str, Any]) -> None:
+    atomic_write_json(checkpoint / SCORE_FILE, dict(fields))
+
+
+def best_of(checkpoints: Iterable[Path]) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint with the highest held-out tau; on a tie, the higher teacher-forced
+    tau, then the later step (it trained longer for the same score). None when none has a
+    score."""
+    best: tuple[tuple[float, float, str], Path, dict[str, Any]] | None = None
+    for path in checkpoints:
+        score = read_score(path)
+        if score is None:
+            continue
+        tf = score.get("tau_tf")
+        tf = float(tf) if isinstance(tf, (int, float)) and not isinstance(tf, bool) else 0.0
+        key = (float(score["tau"]), tf, path.name)
+        if best is None or key > best[0]:
+            best = (key, path, score)
+    return None if best is None else (best[1], best[2])

@@ -1,0 +1,58 @@
+"""Where an evaluation by hand (`dflash-train eval --run-dir RUN`) leaves its result: the
+checkpoint's score (eval.json) and an `eval` event in the run's stream, so `status`,
+`export --best` and the console see it as they see the run's own.
+
+The stream has one writer while a trainer lives (its seq numbers are the readers'
+cursors), so a live run is handed the event through `RUN_DIR/eval_inbox/`, which its
+monitor thread writes into the stream within a second or two. A run that is not live has
+its stream appended to directly, under the run lock held for that moment, with seq
+continuing after the stream's last line. Standard library only."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from dflash_train import protocol
+from dflash_train.rundir import LockHeld, RunDir, RunLock, atomic_write_json
+from dflash_train.stream.eval_inbox import inbox_dir
+from dflash_train.stream.reader import last_record
+from dflash_train.stream.writer import StatusWriter
+
+
+def event_line_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The `event` line's fields for an evaluation's figures (level, code, message added)."""
+    tau_tf = fields.get("tau_tf")
+    message = (
+        f"held-out tau {fields['tau']:.3f} at step {fields['step']}"
+        + ("" if tau_tf is None else f" (teacher-forced {tau_tf:.3f})")
+        + ("" if fields["lossless"] else "; NOT lossless")
+        + f", {fields['prompts']} prompts, {fields['seconds']:.1f} s"
+        + (" (by hand)" if fields.get("source") == "manual" else "")
+    )
+    return {"level": "info", "code": "eval", "message": message, **fields}
+
+
+def record_event(run_dir: RunDir, fields: Mapping[str, Any]) -> str:
+    """Put the event where the run's readers see it; returns "stream" (appended now) or
+    "inbox" (a live trainer writes it). Raises ValueError when the run has no stream."""
+    line = event_line_fields(fields)
+    protocol.encode_line("event", seq=0, run="check", **line)  # a bad record fails here
+    try:
+        with RunLock(run_dir.lock):
+            last = last_record(run_dir.status)
+            if last is None:
+                raise ValueError(f"run_dir: {run_dir.status} holds no line to append to")
+            writer = StatusWriter(run_dir.status, last.run)
+            try:
+                writer.write("event", **line)
+            finally:
+                writer.close()
+            return "stream"
+    except LockHeld:
+        folder = inbox_dir(run_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(folder / f"{time.time_ns()}-{os.getpid()}.json", line)
+        return "inbox"

@@ -1,0 +1,74 @@
+"""The figures of one held-out evaluation, computed the same way in the run and by
+`dflash-train eval --run-dir`: real speculative decoding on the first K held-out prompts
+(speculative.evaluate_prompts: greedy, lossless check) and the teacher-forced per-slot
+acceptance on the held-out answers (every anchor of every answer, no sampling)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from dflash_train.decode.speculative import EvalSummary, with_block_size
+from dflash_train.model.drafter import DFlashDrafter
+from dflash_train.targets.frozen_target import Target
+
+Row = tuple[Sequence[int], Sequence[int]]
+
+
+@torch.no_grad()
+def teacher_forced(
+    target: Target, drafter: DFlashDrafter, rows: Sequence[Row], max_length: int
+) -> tuple[list[float], float | None]:
+    """Per-slot acceptance (slot j right given slots < j right, as the training tau reads
+    it) over every anchor of each answer, and the tau it implies; ([], None) without rows.
+    One row at a time: the target's features of the row, then all its blocks at once."""
+    from dflash_train.model.dflash_loss import (
+        dflash_forward_loss,
+        sample_anchors,
+        tau_from_slot_acc,
+    )
+    from dflash_train.targets.frozen_target import extract_context
+
+    view = with_block_size(drafter, None)  # dense-mask attention: any row length, no compile
+    size = drafter.config.block_size
+    correct = torch.zeros(size - 1, dtype=torch.float64)
+    total = torch.zeros(size - 1, dtype=torch.float64)
+    device = target.device
+    for ids, mask in rows:
+        ids, mask = list(ids)[:max_length], list(mask)[:max_length]
+        if len(ids) < size:
+            continue
+        seq = torch.tensor([ids], device=device)
+        loss_mask = torch.tensor([mask], device=device)
+        context = extract_context(target, seq, None, list(drafter.config.target_layer_ids))
+        anchors, valid = sample_anchors(loss_mask, len(ids), size)
+        if not bool(valid.any()):
+            continue
+        out = dflash_forward_loss(
+            view, target.embed_tokens, target.lm_head, context, seq, loss_mask, anchors, valid
+        )
+        correct += out.slot_correct.double().cpu()
+        total += out.slot_total.double().cpu()
+    if not float(total.sum()):
+        return [], None
+    acc = (correct / total.clamp_min(1)).tolist()
+    return acc, tau_from_slot_acc(acc)
+
+
+def event_fields(
+    summary: EvalSummary, slot_acc: Sequence[float], tau_tf: float | None, tokens: int
+) -> dict[str, Any]:
+    """The `eval` event's figures (protocol.EVENT_CODE_FIELDS), without step and seconds."""
+    return {
+        "tau": round(summary.tau, 4),
+        "tau_tf": None if tau_tf is None else round(tau_tf, 4),
+        "slot_acc": [round(a, 4) for a in slot_acc],
+        "lossless": summary.lossless,
+        "prompts": summary.prompts,
+        "tokens": tokens,
+        "generated_tokens": summary.generated_tokens,
+        "blocks": summary.blocks,
+        "block_size": summary.block_size,
+    }

@@ -1,0 +1,154 @@
+"""Held-out evaluation inside the run: at every checkpoint by default (`--eval-every`), the
+drafter's real acceptance length on held-out prompts and its teacher-forced acceptance on
+their answers, as one `eval` event (and W&B figures), and as the checkpoint's score
+(eval.json, which `status`, `export --best` and pruning read).
+
+It runs on the training thread with target replica 0, the one already resident: no second
+target load. It holds the module lock (compile_guard.py) for its whole length, so no
+target worker runs a forward meanwhile (extract_context is not for concurrent calls on one
+replica): in the async pipeline every worker pauses producing after its current batch
+while the pool keeps what it holds; in the sync pipeline training simply waits. The
+drafter's weights are copied into a drafter on the target's device in the target's dtype
+(float32 on a CPU, so the figures equal `dflash-train eval` of the checkpoint exactly;
+bfloat16 on a GPU, stated in the event). A failure is a warning event; training goes on."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from dflash_train.checkpoint import store as checkpoints
+from dflash_train.checkpoint.heldout_score import write_score
+from dflash_train.data.heldout import HeldoutError, HeldoutSet, heldout_path, load_heldout
+
+if TYPE_CHECKING:
+    from dflash_train.model.drafter import DFlashDrafter
+    from dflash_train.training.run import TrainingRun
+
+
+def eval_data_spec(data_dir: str, eval_data: str | None) -> str:
+    """The held-out set a run evaluates on: --eval-data, else the data dir's heldout.jsonl."""
+    return eval_data if eval_data is not None else str(heldout_path(data_dir))
+
+
+class HeldoutEvaluator:
+    """`wants_save(step)`: the loop must checkpoint this step first (an explicit interval);
+    `after_save(step)`: evaluate if this saved step is due."""
+
+    def __init__(self, run: TrainingRun) -> None:
+        options = run.config.run
+        self.run = run
+        self.every = options.eval_every  # None: at every checkpoint; 0: off
+        self.prompts = options.eval_prompts
+        self.tokens = options.eval_tokens
+        self.spec = eval_data_spec(run.config.train.data_dir, options.eval_data)
+        self.heldout: HeldoutSet | None = None
+        self.last_step: int | None = None
+        self._prompt_ids: list[list[int]] | None = None
+        self._drafter: DFlashDrafter | None = None
+        self.enabled = self.every != 0 and run.rank.is_main
+
+    def load(self) -> None:
+        """At start-up: read the held-out set, or say why the run evaluates nothing."""
+        if not self.enabled:
+            return
+        try:
+            self.heldout = load_heldout(self.spec)
+        except HeldoutError as exc:
+            self.enabled = False
+            explicit = self.run.config.run.eval_data is not None
+            if explicit:
+                raise
+            self._warn("eval_off", f"held-out evaluation off: {exc}")
+            return
+        print(
+            f"held-out set: {len(self.heldout)} prompts, {len(self.heldout.rows)} answers "
+            f"({self.heldout.source})",
+            file=sys.stderr,
+        )
+
+    def wants_save(self, step: int) -> bool:
+        # From the config alone: every rank must save (gather) at the same steps.
+        return bool(self.every) and step % int(self.every) == 0
+
+    def after_save(self, step: int) -> None:
+        if not self.enabled or step == self.last_step or self.run.last_saved_step != step:
+            return
+        if self.every is None or step % self.every == 0:
+            self.evaluate(step)
+
+    def evaluate(self, step: int) -> None:
+        from dflash_train.model.compile_guard import GUARD
+
+        run = self.run
+        self.last_step = step
+        if run.monitor is not None:
+            run.monitor.touch()
+        started = time.monotonic()
+        try:
+            with GUARD.held():
+                fields = self._measure()
+        except Exception as exc:  # an evaluation never ends the training
+            message = f"held-out evaluation at step {step} failed: {type(exc).__name__}: {exc}"
+            self._warn("eval_failed", message.splitlines()[0], step=step)
+            return
+        finally:
+            if run.monitor is not None:
+                run.monitor.touch()
+        fields |= {"step": step, "seconds": round(time.monotonic() - started, 3), "source": "run"}
+        path = run.checkpoint_dir / checkpoints.step_dir_name(step)
+        try:
+            run.wait_for_checkpoint()  # the step folder exists once its write is done
+            write_score(path, {**fields, "checkpoint": str(path)})
+        except OSError as exc:
+            self._warn("eval_score_failed", f"eval.json not written to {path}: {exc}", step=step)
+        message = (
+            f"held-out tau {fields['tau']:.3f} at step {step}"
+            + ("" if fields["tau_tf"] is None else f" (teacher-forced {fields['tau_tf']:.3f})")
+            + ("" if fields["lossless"] else "; NOT lossless")
+            + f", {fields['prompts']} prompts, {fields['seconds']:.1f} s"
+        )
+        if run.monitor is not None:
+            run.monitor.emit(
+                "event", level="info", code="eval", message=message, checkpoint=str(path), **fields
+            )
+
+    def _measure(self) -> dict[str, Any]:
+        from dflash_train.data.prepare import conversation_prompt_ids, stop_token_ids
+        from dflash_train.decode.heldout_figures import event_fields, teacher_forced
+        from dflash_train.decode.speculative import evaluate_prompts
+
+        assert self.heldout is not None
+        target = self.run.targets[0]
+        if self._prompt_ids is None:
+            chosen = self.heldout.prompts[: self.prompts]
+            self._prompt_ids = [conversation_prompt_ids(target.tokenizer, c) for c in chosen]
+        drafter = self._weights_now()
+        summary = evaluate_prompts(
+            target, drafter, self._prompt_ids, self.tokens, stop_token_ids(target)
+        )
+        assert not isinstance(summary, list)
+        max_length = self.run.config.model.max_length
+        slot_acc, tau_tf = teacher_forced(target, drafter, self.heldout.rows, max_length)
+        fields = event_fields(summary, slot_acc, tau_tf, self.tokens)
+        fields["dtype"] = str(target.embed_tokens.weight.dtype).removeprefix("torch.")
+        fields["device"] = str(target.device)
+        return fields
+
+    def _weights_now(self) -> DFlashDrafter:
+        """The training drafter's current weights in a drafter on the target's device and
+        dtype (made once, refilled every evaluation)."""
+        from dflash_train.model.drafter import DFlashDrafter
+
+        target = self.run.targets[0]
+        dtype = target.embed_tokens.weight.dtype
+        if self._drafter is None:
+            self._drafter = DFlashDrafter(self.run.drafter.config).to(target.device, dtype).eval()
+        self._drafter.load_state_dict(self.run.drafter.state_dict())
+        return self._drafter
+
+    def _warn(self, code: str, message: str, **fields: Any) -> None:
+        print(message, file=sys.stderr)
+        if self.run.monitor is not None:
+            self.run.monitor.emit("event", level="warning", code=code, message=message, **fields)

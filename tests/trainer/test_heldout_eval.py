@@ -1,0 +1,174 @@
+"""Held-out evaluation during the run, on the CPU with the real SmolLM2 target: `eval`
+events at the configured steps whose numbers equal a separate `dflash-train eval` of the
+same checkpoint; tau per checkpoint in `status`; `export --best`; pruning keeps the best;
+an evaluation by hand lands in the stream; a failing evaluation is a warning and the run
+goes on; the console plots the held-out series and marks the best checkpoint (Pilot)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from train_process import run_train, status_lines, train_argv
+
+from dflash_train import protocol
+from dflash_train.checkpoint.heldout_score import SCORE_FILE, read_score
+from dflash_train.data.heldout import HELDOUT_FILE, answer_heldout, heldout_conversations
+from dflash_train.targets.frozen_target import Target
+
+EVAL_ARGS = ("--eval-every", "3", "--eval-prompts", "2", "--eval-tokens", "16")
+RUN_ID = "evalrun"
+
+
+def _cli(*args: str) -> protocol.Reply:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dflash_train", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    reply = protocol.decode_reply(proc.stdout)
+    assert isinstance(reply, protocol.Reply), (proc.stdout, proc.stderr[-2000:])
+    return reply
+
+
+@pytest.fixture(scope="module")
+def heldout_data(
+    tmp_path_factory: pytest.TempPathFactory, prepared_data_dir: Path, smollm2: Target
+) -> Path:
+    """The session's prepared data with a held-out set of 2 built-in eval prompts answered
+    by the target (what `prepare --heldout 2` writes beside the data)."""
+    data = tmp_path_factory.mktemp("heldout") / "data"
+    shutil.copytree(prepared_data_dir, data)
+    conversations, _ = heldout_conversations(["builtin"], [], 2, 0)
+    text = answer_heldout(smollm2, conversations, max_new_tokens=48, batch_size=2)
+    (data / HELDOUT_FILE).write_text(text, encoding="utf-8")
+    return data
+
+
+@pytest.fixture(scope="module")
+def eval_run(
+    tmp_path_factory: pytest.TempPathFactory, heldout_data: Path, smollm2_spec: str
+) -> Path:
+    """Six sync steps, evaluated at 3 and 6, keeping one checkpoint (and the best)."""
+    run_dir = tmp_path_factory.mktemp("evalrun") / "run"
+    argv = train_argv(
+        smollm2_spec, heldout_data, run_dir,
+        "--pipeline", "sync", "--max-steps", "6", "--save-every", "0",
+        "--keep-checkpoints", "1", "--run-id", RUN_ID, "--wandb-project", "dflash-test",
+        *EVAL_ARGS,
+    )  # fmt: skip
+    done = run_train(argv, timeout=600, WANDB_API_KEY_UNUSED="1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir
+
+
+def _evals(run_dir: Path) -> list[protocol.StatusLine]:
+    return [line for line in status_lines(run_dir) if line.get("code") == "eval"]
+
+
+def test_eval_events_at_the_configured_steps_and_in_wandb(eval_run: Path) -> None:
+    from wandb_records import history_rows
+
+    events = [e for e in _evals(eval_run) if e["source"] == "run"]
+    assert [e["step"] for e in events] == [3, 6]
+    for event in events:
+        assert event["level"] == "info" and event["prompts"] == 2 and event["tokens"] == 16
+        assert event["tau"] >= 1.0 and event["tau_tf"] >= 1.0 and event["lossless"] is True
+        assert len(event["slot_acc"]) == 3 and event["dtype"] == "float32"
+        assert event["seconds"] > 0 and f"held-out tau {event['tau']:.3f}" in event["message"]
+        score = read_score(Path(event["checkpoint"]))
+        assert score is not None and score["tau"] == event["tau"] and score["step"] == event["step"]
+    rows = {r["_step"]: r for r in history_rows(eval_run) if "eval/tau" in r}
+    assert sorted(rows) == [3, 6]
+    assert [rows[e["step"]]["eval/tau_tf"] for e in events] == [e["tau_tf"] for e in events]
+    # The run still exported and ended normally after its evaluations.
+    lines = status_lines(eval_run)
+    assert lines[-1].kind == "run_end" and lines[-1]["reason"] == "completed"
+    assert any(line.get("code") == "exported" for line in lines)
+
+
+def test_a_separate_eval_of_the_checkpoint_gives_the_same_numbers_and_is_recorded(
+    eval_run: Path,
+) -> None:
+    event = next(e for e in _evals(eval_run) if e["step"] == 3 and e["source"] == "run")
+    reply = _cli(
+        "eval", "--run-dir", str(eval_run), "--drafter", event["checkpoint"], "--device", "cpu"
+    )
+    assert reply.ok, reply
+    data = reply.data
+    assert data["step"] == 3 and data["prompts"] == 2 and data["recorded"] == "stream"
+    assert (data["tau"], data["tau_tf"], data["lossless"]) == (
+        event["tau"], event["tau_tf"], event["lossless"],
+    )  # fmt: skip
+    assert data["slot_acc"] == event["slot_acc"] and data["blocks"] == event["blocks"]
+    # Appended to the finished run's stream as the same event, seq continuing.
+    lines = status_lines(eval_run)
+    assert [line.seq for line in lines] == list(range(len(lines)))
+    manual = lines[-1]
+    assert manual.get("code") == "eval" and manual["source"] == "manual"
+    assert manual.run == RUN_ID and manual["step"] == 3 and manual["tau"] == event["tau"]
+
+
+def test_status_lists_tau_per_checkpoint_and_export_best_names_the_best(eval_run: Path) -> None:
+    scores = {e["step"]: (e["tau"], e["tau_tf"]) for e in _evals(eval_run)}
+    status = _cli("status", str(eval_run))
+    listed = {c["step"]: c for c in status.data["checkpoint_list"]}
+    # keep 1: step 3 outlived the prune at step 6 because it was then the best evaluated.
+    assert sorted(listed) == [3, 6]
+    assert {s: (c["tau"], c["tau_tf"]) for s, c in listed.items()} == scores
+    best_step = max(scores, key=lambda s: (*scores[s], s))
+    assert [s for s, c in listed.items() if c["best"]] == [best_step]
+
+    out = eval_run.parent / "best-export"
+    reply = _cli("export", str(eval_run), "--best", "--out", str(out))
+    assert reply.ok, reply
+    assert reply.data["step"] == best_step and reply.data["tau"] == scores[best_step][0]
+    assert f"best held-out tau {scores[best_step][0]} at step {best_step}" in reply.data["message"]
+    assert reply.data["checkpoint"].endswith(f"step_{best_step:07d}")
+    assert (out / "model.safetensors").is_file()
+
+
+def test_export_best_without_any_score_says_what_to_run(tmp_path: Path, eval_run: Path) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(eval_run, run_dir)
+    for score in run_dir.glob(f"checkpoints/*/step_*/{SCORE_FILE}"):
+        score.unlink()
+    reply = _cli("export", str(run_dir), "--best")
+    assert not reply.ok and reply.error_code == "bad_source"
+    assert reply.error == (
+        f"source: no checkpoint of run {RUN_ID} has a held-out score (eval.json); "
+        f"train with --eval-every or run dflash-train eval --run-dir {run_dir}"
+    )
+
+
+def test_a_failing_evaluation_is_a_warning_and_training_goes_on(
+    tmp_path: Path, heldout_data: Path, smollm2_spec: str
+) -> None:
+    """A held-out answer with a token id past the vocabulary: the teacher-forced pass
+    fails inside the real embedding lookup; the run warns and completes."""
+    bad = tmp_path / "bad.jsonl"
+    record = json.loads((heldout_data / HELDOUT_FILE).read_text().splitlines()[0])
+    record["input_ids"][-1] = 10**7
+    bad.write_text(json.dumps(record) + "\n")
+    run_dir = tmp_path / "run"
+    argv = train_argv(
+        smollm2_spec, heldout_data, run_dir, "--pipeline", "sync", "--max-steps", "2",
+        "--eval-every", "1", "--eval-prompts", "1", "--eval-tokens", "4",
+        "--eval-data", str(bad),
+    )  # fmt: skip
+    done = run_train(argv, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = status_lines(run_dir)
+    failed = [line for line in lines if line.get("code") == "eval_failed"]
+    assert [line["step"] for line in failed] == [1, 2]
+    assert all(line["level"] == "warning" for line in failed)
+    assert "IndexError" in failed[0]["message"] and "\n" not in failed[0]["message"]
+    assert [line["step"] for line in lines if line.kind == "step"] == [1, 2]
+    assert lines[-1]["reason"] == "completed"
