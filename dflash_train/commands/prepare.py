@@ -6,65 +6,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Sequence
-from typing import NoReturn
 
 from dflash_train import protocol
-from dflash_train.config.prepare_config import OPTIONS
 
-
-def _help(name: str) -> str:
-    spec = OPTIONS[name]
-    if spec.default is None or spec.kind == "bool":
-        return spec.help
-    return f"{spec.help} (default {spec.text(spec.default)})"
+# The flags live in config/prepare_cli.py: `launch --prepare` checks a prepare's words there
+# without importing a command.
+from dflash_train.config.prepare_cli import add_prepare_arguments, given_options
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    for name, spec in OPTIONS.items():
-        flag = "--target-model" if name == "target" else spec.flag
-        if spec.kind == "bool":
-            parser.add_argument(flag, dest=name, action="store_true", help=_help(name))
-            continue
-        parser.add_argument(
-            flag,
-            dest=name,
-            action="append" if spec.repeatable else "store",
-            required=spec.required,
-            default=argparse.SUPPRESS,
-            metavar=spec.metavar or ("|".join(spec.choices) if spec.choices else spec.kind.upper()),
-            help=_help(name),
-        )
-
-
-class _Refused(Exception):
-    pass
-
-
-class _CheckingParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise _Refused(message)
-
-
-def check_args(words: Sequence[str]) -> str | None:
-    """Why `prepare WORDS` would be refused at once (unknown flag, bad value), or None;
-    `launch --prepare` asks before it starts anything."""
-    from dflash_train.config.prepare_config import PrepareError, from_words
-
-    parser = _CheckingParser(prog="dflash-train prepare", add_help=False)
-    configure(parser)
-    try:
-        args = parser.parse_args(list(words))
-        if getattr(args, "run_dir", None) is not None:
-            return "run-dir: launch sets it (RUN_DIR)"
-        from_words(_given(args)).validate()
-    except (_Refused, PrepareError) as exc:
-        return str(exc)
-    return None
-
-
-def _given(args: argparse.Namespace) -> dict[str, object]:
-    return {k: v for k, v in vars(args).items() if k in OPTIONS and v is not False}
+    add_prepare_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        config = from_words(_given(args))
+        config = from_words(given_options(args))
         info = prepare_dataset(config)
     except (PrepareError, PromptError) as exc:
         print_reply(protocol.reply_error("prepare", "bad_argument", str(exc)))

@@ -345,7 +345,7 @@ def launch_prepare(
 ) -> protocol.Reply:
     """`launch RUN_DIR --prepare -- PREPARE_ARGS`: `prepare --run-dir RUN_DIR` started like a
     trainer (its own session, train.log, run.json, the run lock, verified by its run_start)."""
-    from dflash_train.commands.prepare import check_args
+    from dflash_train.config.prepare_cli import check_args
 
     problem = check_args(prepare_args)
     if problem:
