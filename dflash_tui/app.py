@@ -125,6 +125,9 @@ class DflashApp(App[None]):
         )
 
     def on_mount(self) -> None:
+        # The config file's [keys] (the CLI checked them before the app started).
+        self.remapped_keys = keymap.configured()
+        self.set_keymap(self.remapped_keys)
         self.theme_names.extend(themes.install(self, self.options.theme))
         self._saved_theme = self.theme
         self.theme_changed_signal.subscribe(self, self._remember_theme)

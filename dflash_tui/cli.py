@@ -81,6 +81,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["paths"]:
         return print_paths(words[1:])
+    if not {"-h", "--help", "--version"} & set(words):
+        try:
+            from dflash_tui.keymap import configured
+
+            configured()  # a bad [keys] entry fails here, in one line, not in the app
+        except ValueError as exc:  # ProfileError too
+            print(f"dflash-tui: {exc}", file=sys.stderr)
+            return 2
     if words and words[0] in SUBCOMMANDS:
         from dflash_tui import subcommands
 

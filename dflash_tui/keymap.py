@@ -1,12 +1,17 @@
 """The one table of key bindings. It feeds the footer (as Textual bindings with ids, so users
-can remap them), the help screen and the command palette; `mutating` marks what watch mode
-must refuse."""
+can remap them: the config file's `[keys]` table, through App.set_keymap), the help screen and
+the command palette; `mutating` marks what watch mode must refuse."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from textual.binding import Binding
+
+from dflash_tui.sources.profiles import load_config
+
+ID_PREFIX = "dflash."
 
 
 @dataclass(frozen=True)
@@ -92,5 +97,36 @@ def bindings() -> list[Binding]:
     ]
 
 
-def shown_key(entry: KeyAction) -> str:
+def shown_key(entry: KeyAction, remapped: Mapping[str, str] | None = None) -> str:
+    key = (remapped or {}).get(ID_PREFIX + entry.id)
+    if key is not None:
+        return key
     return entry.key_display or entry.key
+
+
+def remaps(keys: Mapping[str, str]) -> dict[str, str]:
+    """The config file's `[keys]` (`stop = "ctrl+s"`: a binding's id, short or with the
+    `dflash.` prefix, to a Textual key name, several comma-separated) as App.set_keymap
+    takes it. Raises ValueError naming the entry: an unknown id, or a key another binding
+    keeps."""
+    by_id = {k.id: k for k in KEYMAP}
+    wanted: dict[str, str] = {}
+    for name, key in keys.items():
+        short = name.removeprefix(ID_PREFIX)
+        if short not in by_id:
+            known = ", ".join(by_id)
+            raise ValueError(f"keys.{name}: not a key of the console (known: {known})")
+        wanted[short] = key
+    taken = {k.key: k.id for k in KEYMAP if k.id not in wanted}
+    for short, key in wanted.items():
+        for one in key.split(","):
+            other = taken.get(one.strip())
+            if other is not None:
+                raise ValueError(f"keys.{short}: {one.strip()!r} is already {other}'s key")
+            taken[one.strip()] = short
+    return {ID_PREFIX + short: key for short, key in wanted.items()}
+
+
+def configured() -> dict[str, str]:
+    """The remaps of the console's config file (checked as `remaps` checks them)."""
+    return remaps(load_config().keys)

@@ -213,6 +213,8 @@ def parse_profile(name: str, table: Any, *, where: str = "") -> Profile:
 class Config:
     profiles: Mapping[str, Profile]
     default_profile: str | None = None
+    # [keys]: a key binding's id to the key that replaces its own (keymap.remaps checks ids).
+    keys: Mapping[str, str] = field(default_factory=dict)
 
     def get(self, name: str | None = None) -> Profile:
         name = name or self.default_profile
@@ -245,14 +247,19 @@ def _parse_config(text: str, path: Path) -> Config:
         _check(f"{path}: default_profile", default, str, "text")
     tables = data.get("profiles", {})
     _check(f"{path}: profiles", tables, dict, "a table of profiles")
-    unknown = set(data) - {"default_profile", "profiles"}
+    unknown = set(data) - {"default_profile", "profiles", "keys"}
     if unknown:
         raise ProfileError(f"{path}: {sorted(unknown)[0]}: unknown setting")
+    keys = data.get("keys", {})
+    _check(f"{path}: keys", keys, dict, "a table of key bindings")
+    for name, key in keys.items():
+        if not isinstance(key, str) or not key.strip() or " " in key:
+            raise ProfileError(f"{path}: keys.{name}: expected a key name such as \"ctrl+s\"")
     try:
         profiles = {name: parse_profile(name, table) for name, table in tables.items()}
     except ProfileError as exc:
         raise ProfileError(f"{path}: {exc}") from None
-    return Config(profiles, default)
+    return Config(profiles, default, keys)
 
 
 def _profile_table(profile: Profile) -> dict[str, Any]:

@@ -11,8 +11,8 @@ from rich.console import Console
 from textual.widgets import Input, RadioButton, Static
 
 from dflash_train import protocol
-from dflash_tui.cli import remember_in
 from dflash_tui.keymap import KEYMAP, PANES
+from dflash_tui.keymap import remaps as keymap_remaps
 from dflash_tui.screens.confirm import ConfirmDialog
 from dflash_tui.screens.help import HelpScreen, keys_table
 from dflash_tui.screens.launch_form import LaunchForm
@@ -20,6 +20,7 @@ from dflash_tui.screens.main import PANE_IDS
 from dflash_tui.screens.min_ready_prompt import MinReadyPrompt
 from dflash_tui.screens.reply import ReplyDialog
 from dflash_tui.screens.restart_dialog import RestartDialog
+from dflash_tui.sources.console_options import remember_in
 from dflash_tui.sources.profiles import Profile, load_config
 from dflash_tui.widgets.header import RunHeader
 from dflash_tui.widgets.loss_plot import LossPane
@@ -239,6 +240,38 @@ async def test_theme_key_keeps_a_commented_config_byte_for_byte(
         "hs_min_ready = 30", "hs_min_ready = 7"
     )
     assert config_file.read_text() == expected
+
+
+async def test_keys_table_remaps_a_binding_and_the_help_screen_says_so(
+    tmp_path: Path, config_file: Path
+) -> None:
+    config_file.write_text('[keys]\ntheme = "ctrl+t"\n')
+    async with attached(make_run_dir(tmp_path)) as (app, pilot, _):
+        assert app.remapped_keys == {"dflash.theme": "ctrl+t"}
+        await pilot.press("t")  # the old key does nothing now
+        assert app.theme == "dflash-dark"
+        await pilot.press("ctrl+t")
+        await wait_until(pilot, lambda: app.theme != "dflash-dark")
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        console = Console(file=io.StringIO(), width=200)
+        console.print(keys_table(read_only=False, remapped=app.screen.remapped))
+        lines = console.file.getvalue().splitlines()
+        (theme,) = [line for line in lines if "next colour theme" in line]
+        assert theme.split()[0] == "ctrl+t" and "(remapped in [keys]: was t)" in theme
+        assert not any("remapped" in line for line in lines if line is not theme)
+
+
+def test_remaps_name_an_unknown_id_or_a_key_taken() -> None:
+    assert keymap_remaps({"dflash.stop": "ctrl+s", "theme": "T,ctrl+t"}) == {
+        "dflash.stop": "ctrl+s",
+        "dflash.theme": "T,ctrl+t",
+    }
+    with pytest.raises(ValueError, match=r"keys.stopp: not a key of the console \(known: launch"):
+        keymap_remaps({"stopp": "x"})
+    with pytest.raises(ValueError, match=r"keys.stop: 'q' is already quit's key"):
+        keymap_remaps({"stop": "q"})
+    assert keymap_remaps({"stop": "q", "quit": "ctrl+q"})  # quit moved away first
 
 
 async def test_theme_flag_and_palette_entries(tmp_path: Path) -> None:

@@ -181,3 +181,16 @@ def test_a_write_that_would_not_load_leaves_the_file(tmp_path: Path) -> None:
     with pytest.raises(ProfileError, match=r"bad.port: 0 is out of range"):
         remember("gpu1", "theme", "dflash-light", path)
     assert path.read_text() == before
+
+
+def test_keys_table_is_read_and_a_bad_key_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    text = "# mine\n" + GOOD + '\n[keys]\nstop = "ctrl+s"  # my muscle memory\n'
+    path.write_text(text)
+    config = load_config(path)
+    assert config.keys == {"stop": "ctrl+s"} and config.default_profile == "gpu1"
+    remember("gpu1", "theme", "dflash-light", path)
+    assert path.read_text() == text.replace('theme = "dflash-dark"', 'theme = "dflash-light"')
+    path.write_text('[keys]\nstop = ""\n')
+    with pytest.raises(ProfileError, match=r"keys.stop: expected a key name"):
+        load_config(path)
