@@ -317,6 +317,34 @@ def decode_line(raw: str | bytes) -> StatusLine | Rejected:
     return StatusLine(obj["v"], obj["seq"], float(obj["t"]), obj["run"], kind, fields)
 
 
+# Lines `tail` sends that the trainer never wrote: events repeating the seq of the line
+# before them (readers pass them on even when their seq is not new). `history_end` closes
+# the summary of the past; `trainer_gone` says the run lock's holder died without run_end.
+HISTORY_END = "history_end"
+TRAINER_GONE = "trainer_gone"
+MARKER_CODES = frozenset({HISTORY_END, TRAINER_GONE})
+
+
+def is_marker(line: StatusLine) -> bool:
+    return line.kind == "event" and line.fields.get("code") in MARKER_CODES
+
+
+def trainer_gone_marker(run: str, seq: int, pid: int | None) -> bytes:
+    """Stamped with the box's clock when `tail` found the lock free and no run_end."""
+    who = f"the trainer (pid {pid})" if pid is not None else "the trainer"
+    text = encode_line(
+        "event",
+        seq=seq,
+        run=run,
+        level="error",
+        code=TRAINER_GONE,
+        message=f"{who} is gone: run.lock is free and the stream has no run_end",
+        pid=pid,
+        marker=True,
+    )
+    return text.rstrip("\n").encode("utf-8")
+
+
 # `dflash-train tail` never sends a line over MAX_LINE_BYTES: it sends this notice in its
 # place, which every reader counts as a rejected line of reason `oversized`.
 SKIPPED_OVERSIZED = "oversized"
@@ -474,7 +502,9 @@ def decode_control(text: str) -> ControlFile | Rejected:
 # `gpus --follow` stream status lines / readings instead).
 
 COMMANDS = ("launch", "stop", "restart", "status", "tail", "gpus", "set", "export", "eval")
-RUN_STATES = ("running", "finished", "crashed", "stalled", "not_started")
+# finished: completed its schedule (or ended by an error: `reason` says); stopped: ended by
+# a signal (`stop`, a restart's stop), resumable; crashed: gone without a run_end.
+RUN_STATES = ("running", "finished", "stopped", "crashed", "stalled", "not_started")
 
 
 @dataclass(frozen=True)

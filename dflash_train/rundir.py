@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,9 @@ class LockHeld(RuntimeError):
     pass
 
 
+_ACQUIRE_TRIES = 5
+
+
 class RunLock:
     """An exclusive flock on run.lock, held for the trainer's whole life. The kernel drops
     it when the process dies, however it dies, so "lock held" is the liveness test."""
@@ -98,11 +102,17 @@ class RunLock:
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise LockHeld(f"{self.path} is held by another process") from None
+        # `lock_is_held` probes (status, a following tail) hold a shared lock for
+        # microseconds: only a lock still held after a few tries belongs to a trainer.
+        for attempt in range(_ACQUIRE_TRIES):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if attempt + 1 == _ACQUIRE_TRIES:
+                    os.close(fd)
+                    raise LockHeld(f"{self.path} is held by another process") from None
+                time.sleep(0.05)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd

@@ -194,6 +194,9 @@ class DflashApp(App[None]):
             # another minute (a trainer that died before the attach reads as a crash).
             if self.state.run_state == "stalled":
                 self._check_status_now(self.clock())  # does its trainer still live?
+        elif line.kind == "event" and line["code"] == protocol.TRAINER_GONE:
+            # The box saw the run lock free without a run_end: `status` has the log tail.
+            self._check_status_now(self.clock())
 
     def _on_gpu_line(self, line: StatusLine) -> None:
         # `gpus --follow` readings fill the pane while no trainer reports its own (they

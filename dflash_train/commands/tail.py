@@ -64,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
             follow=args.follow,
             history_points=args.history,
             poll_s=args.poll,
+            # A rotated stream's run is over; the live one's trainer is watched.
+            lock=rundir.lock if args.stream is None else None,
         )
     except (BrokenPipeError, KeyboardInterrupt):
         # The reader went away: leave quietly, and keep the interpreter's final flush of

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from dflash_train.control.trainer_watch import TrainerWatch
 from dflash_train.stream.follower import StreamFollower
 from dflash_train.stream.reader import line_time
 
@@ -33,11 +34,14 @@ def tail_stream(
     follow: bool = False,
     history_points: int | None = None,
     poll_s: float = 0.5,
+    lock: Path | None = None,
 ) -> None:
     """Write the stream's lines past `from_seq` to `out`, first as a summary when
     `history_points` is given; with `follow`, keep writing new lines until `out` closes
-    (BrokenPipeError propagates to the caller)."""
+    (BrokenPipeError propagates to the caller), and, given the run's `lock`, the
+    `trainer_gone` marker when its holder dies without a run_end."""
     follower = StreamFollower(path, from_seq=from_seq, run=run)
+    watch = TrainerWatch(lock, path) if lock is not None else None
     try:
         if history_points is not None:
             _write_history(path, out, follower, history_points, whole=from_seq < 0 and not run)
@@ -45,6 +49,11 @@ def tail_stream(
             _write(out, follower.poll())
         out.flush()
         while follow:
+            # Looked at while lines flow too: the watch must see the holder alive first.
+            marker = watch.check() if watch is not None else None
+            if marker is not None:
+                _write(out, iter([marker]))
+                out.flush()
             if _write(out, follower.poll()):
                 out.flush()
                 continue

@@ -16,6 +16,7 @@ from typing import Any
 from dflash_train.pipeline.control_watch import ControlWatcher
 from dflash_train.pipeline.drafter_step import MetricsSnapshot, decode_interval
 from dflash_train.pipeline.pool import HiddenStatePool, PoolStats
+from dflash_train.pipeline.run_dir_watch import RunDirWatch
 from dflash_train.pipeline.stage_timers import StageTimers
 from dflash_train.pipeline.wandb_log import WandbLogger
 from dflash_train.stream.eval_inbox import EvalInbox
@@ -43,6 +44,7 @@ class MonitorIntervals:
     gpu: float = 5.0
     control: float = 1.0
     heartbeat: float = 5.0
+    run_dir: float = 5.0
     profile: float = 30.0
     # With no training progress for this long the monitor falls silent (after one warning
     # event), so `status` sees the stream go quiet and calls the run stalled.
@@ -68,6 +70,8 @@ class MonitorThread(threading.Thread):
         intervals: MonitorIntervals | None = None,
         start_time: float | None = None,
         eval_inbox: EvalInbox | None = None,
+        run_dir_watch: RunDirWatch | None = None,
+        on_orphaned: Callable[[str], None] = lambda reason: None,
     ) -> None:
         super().__init__(name="monitor", daemon=True)
         self.writer = writer
@@ -84,6 +88,9 @@ class MonitorThread(threading.Thread):
         self.wandb = wandb
         self.intervals = intervals or MonitorIntervals()
         self.eval_inbox = eval_inbox
+        self.run_dir_watch = run_dir_watch
+        self.on_orphaned = on_orphaned
+        self.orphaned: str | None = None  # why the run dir is gone; then nothing is written
         self._items: collections.deque[StepRecord | tuple[str, dict[str, Any]]] = (
             collections.deque()
         )
@@ -174,6 +181,17 @@ class MonitorThread(threading.Thread):
     def _periodic(self) -> None:
         now = time.monotonic()
         iv = self.intervals
+        watch = self.run_dir_watch
+        if (
+            watch is not None
+            and self.orphaned is None
+            and self._due_now("run_dir", iv.run_dir, now)
+        ):
+            self.orphaned = watch.gone()
+            if self.orphaned is not None:
+                self.on_orphaned(self.orphaned)
+        if self.orphaned is not None:
+            return
         if self.control is not None and self._due_now("control", iv.control, now):
             self._poll_control()
         if self.eval_inbox is not None and self._due_now("eval_inbox", iv.control, now):
@@ -215,7 +233,7 @@ class MonitorThread(threading.Thread):
 
     # -- lines --------------------------------------------------------------------------
     def _write(self, kind: str, **fields: Any) -> None:
-        if self.writer is not None:
+        if self.writer is not None and self.orphaned is None:
             self.writer.write(kind, **fields)
 
     def _write_step(self, record: StepRecord) -> None:

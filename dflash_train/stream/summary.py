@@ -472,7 +472,7 @@ def end_marker(run: str, last_seq: int, lines_in: int, last_t: float | None) -> 
         seq=last_seq,
         run=run,
         level="info",
-        code="history_end",
+        code=protocol.HISTORY_END,
         message=f"history: {lines_in} lines summarised",
         history=True,
         cursor=last_seq,

@@ -15,6 +15,7 @@ from dflash_train.pipeline.distributed import shard_positions
 from dflash_train.pipeline.monitor import StepRecord
 from dflash_train.pipeline.sources import EpochPlan
 from dflash_train.pipeline.target_workers import HiddenBatch
+from dflash_train.training.stop_flag import ORPHANED
 
 if TYPE_CHECKING:
     from dflash_train.training.run import TrainingRun
@@ -32,7 +33,8 @@ class Progress:
 
 
 def run_epochs(run: TrainingRun) -> str:
-    """Returns the run_end reason: completed, signal or error."""
+    """Returns the run_end reason: completed, signal or error; or orphaned (the run dir is
+    gone: no run_end is written)."""
     epochs = run.config.optimiser.epochs
     assert run.source is not None and run.monitor is not None
     if run.progress.step >= run.total_steps:  # resumed from the run's last checkpoint: nothing left
@@ -112,6 +114,8 @@ def _stop_reason(run: TrainingRun) -> str | None:
             run.stop.request("error" if error else "signal", "stopped by another rank")
     if error:
         return "error"
+    if stopping and run.stop.reason == ORPHANED:
+        return ORPHANED
     if stopping:
         return "signal"
     return "completed" if done else None
@@ -138,7 +142,9 @@ def _submit(run: TrainingRun, epoch: int, batches: int, tokens: int) -> None:
 
 def _finish(run: TrainingRun, reason: str) -> str:
     """Checkpoint (not after an error: the last good one stays the newest) and export."""
-    if reason == "error":
+    if reason in ("error", ORPHANED):
+        # After an error the last good checkpoint stays the newest; an orphan's would
+        # recreate the deleted run dir.
         print(f"stopping: {run.stop.message}", file=sys.stderr)
         return reason
     run.save()

@@ -21,9 +21,10 @@ from dflash_train.pipeline.distributed import (
 from dflash_train.rundir import LockHeld, RunDir, RunLock
 from dflash_train.stream.summary_cache import KEPT_POINTS
 from dflash_train.stream.writer import StatusWriter
-from dflash_train.training.stop_flag import StopFlag
+from dflash_train.training.stop_flag import ORPHANED, StopFlag
 
 EXIT_LOCK_HELD = 3
+EXIT_ORPHANED = 4
 
 
 def _install_signal_handlers(stop: StopFlag) -> None:
@@ -130,6 +131,9 @@ def _run_and_report(
                 error=f"{type(exc).__name__}: {exc}"[:500],
             )
         return 1
+    if reason == ORPHANED:
+        print(f"exiting: {stop.message}; no checkpoint and no run_end written", file=sys.stderr)
+        return EXIT_ORPHANED
     code = 1 if reason == "error" else 0
     if writer is not None:
         fields: dict[str, Any] = {"reason": reason, "exit_code": code, "step": run.progress.step}

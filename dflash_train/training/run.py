@@ -24,6 +24,7 @@ from dflash_train.pipeline.control_watch import ControlWatcher, read_control_rev
 from dflash_train.pipeline.distributed import RankGroup, RankInfo, shard_devices, shard_positions
 from dflash_train.pipeline.monitor import MonitorIntervals, MonitorThread
 from dflash_train.pipeline.pool import HiddenStatePool
+from dflash_train.pipeline.run_dir_watch import RunDirWatch
 from dflash_train.pipeline.sources import AsyncSource, BatchLoader, SyncSource
 from dflash_train.pipeline.stage_timers import StageTimers
 from dflash_train.rundir import RunDir
@@ -340,7 +341,13 @@ class TrainingRun:
             allocator_devices=cuda,
             wandb=self.wandb,
             eval_inbox=EvalInbox(self.run_dir) if self.rank.is_main else None,
+            run_dir_watch=RunDirWatch(self.run_dir.root, self.run_dir.status),
+            on_orphaned=self._orphaned,
         )
+
+    def _orphaned(self, reason: str) -> None:
+        print(f"stopping: {reason}; writing nothing more there", file=sys.stderr)
+        self.stop.request("orphaned", reason)
 
     def _apply_settings(self, updates: dict[str, int]) -> None:
         merged = {**self.settings, **updates}

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import threading
 
+# The reason a run stops when its run dir was deleted under it: it writes nothing more.
+ORPHANED = "orphaned"
+
 
 class StopFlag:
     def __init__(self) -> None:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from dflash_train.protocol import Reply, StatusLine
+from dflash_train.protocol import TRAINER_GONE, Reply, StatusLine
 
 CHANNELS = ("bell", "toast", "osc")
 DEFAULT_CHANNELS: tuple[str, ...] = ("bell", "toast")
@@ -84,6 +84,8 @@ class AlertTracker:
             last = tail.strip().splitlines()[-1] if isinstance(tail, str) and tail.strip() else ""
             text = f"run {line.run} ended with an error (exit {line['exit_code']})"
             return self._raise("crash", text + (f": {last}" if last else ""))
+        if line.kind == "event" and line["code"] == TRAINER_GONE:
+            return self._raise("crash", f"{line['message']} (run {line.run})")
         if line.kind == "event" and line.get("history") is not True:
             cause = EVENT_CAUSES.get(line["code"])
             if cause is not None:

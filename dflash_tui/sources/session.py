@@ -187,8 +187,8 @@ class Session:
     def _deliver(self, line: StatusLine) -> None:
         run, seq = self._cursor
         if line.run == run and line.seq <= seq:
-            # The end-of-history marker repeats the seq of the summary's last line.
-            if line.kind == "event" and line.get("code") == "history_end":
+            # The box's markers (end of history, trainer gone) repeat the seq before them.
+            if protocol.is_marker(line):
                 self._on_line(line)
             else:
                 self.duplicates_dropped += 1

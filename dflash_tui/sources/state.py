@@ -17,6 +17,7 @@ from dflash_train.protocol import (
     DEFAULT_SETTINGS,
     GPUS_RUN_ID,
     LIVE_SETTINGS,
+    TRAINER_GONE,
     Rejected,
     Reply,
     StatusLine,
@@ -137,6 +138,12 @@ class RunState:
         self.lines_applied += 1
         self.last_seq = line.seq
         arrived = self.clock()
+        if kind == "event" and line.get("code") == TRAINER_GONE:
+            # The box's word that the trainer died without run_end: not a line of the
+            # trainer's, so the run's silence goes on.
+            self.crashed_by_status = True
+            self._record(line, "error", TRAINER_GONE, line["message"])
+            return
         if kind == "event" and line.get("code") == "history_end":
             # The marker dates the run's newest line (an older box's leaves the newest line
             # the summary kept); that line, not the attach, is when the run last spoke.

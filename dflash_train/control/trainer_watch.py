@@ -1,0 +1,61 @@
+"""While `tail --follow` waits for lines, it watches the run lock: a trainer killed without
+a run_end (SIGKILL, the OOM killer, a segfault) frees the lock at once, and the console
+hears of it on the channel it already reads, as a `trainer_gone` marker, instead of after
+a minute of silence."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from dflash_train import protocol
+from dflash_train.rundir import lock_holder_pid, lock_is_held
+from dflash_train.stream.reader import last_record
+
+# A `stop` that escalated to SIGKILL writes the run_end for its trainer once the lock is
+# free: give it that long before calling the trainer gone.
+GRACE_S = 2.0
+# The lock is probed at most this often, however fast lines come.
+PROBE_EVERY_S = 0.5
+
+
+class TrainerWatch:
+    """`check()` answers the marker once the lock it saw held has been free for the grace
+    period, and only when the stream's last line is not a run_end. A lock never seen held
+    says nothing: a run that died before this tail started is the console's to ask
+    `status` about (its silence dates from the history's end)."""
+
+    def __init__(
+        self,
+        lock: Path,
+        stream: Path,
+        *,
+        grace_s: float = GRACE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.lock = lock
+        self.stream = stream
+        self.grace_s = grace_s
+        self.clock = clock
+        self._free_since: float | None = None
+        self._judged = True  # nothing to judge until a holder is seen
+        self._probed_at = -PROBE_EVERY_S
+
+    def check(self) -> bytes | None:
+        now = self.clock()
+        if now - self._probed_at < PROBE_EVERY_S:
+            return None
+        self._probed_at = now
+        if lock_is_held(self.lock):
+            self._free_since, self._judged = None, False
+            return None
+        if self._free_since is None:
+            self._free_since = now
+        if self._judged or now - self._free_since < self.grace_s:
+            return None
+        self._judged = True  # one look per spell: a finished run's tail reads no more
+        last = last_record(self.stream)
+        if last is None or last.kind == "run_end":
+            return None
+        return protocol.trainer_gone_marker(last.run, last.seq, lock_holder_pid(self.lock))

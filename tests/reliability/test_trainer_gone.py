@@ -1,0 +1,196 @@
+"""Fault: the trainer dies without a run_end (SIGKILL, as the OOM killer or a careless
+`pkill -9 -f` would). The box's `tail --follow` sees the run lock go free and says so on
+the channel the console already reads; the console over OpenSSH (through the pct shim)
+reads CRASHED, rings the bell and shows the train.log tail within 10 s, having sent
+nothing but one `status`. A run that ends with its run_end gets no such marker. And a
+trainer whose run dir is deleted under it stops itself, writing nothing there."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from dflash_train import protocol
+from dflash_train.control.trainer_watch import TrainerWatch
+from dflash_train.rundir import RunLock
+from dflash_train.stream.writer import StatusWriter
+from dflash_train.training.process import EXIT_ORPHANED
+from dflash_tui.app import ConsoleOptions, DflashApp
+from dflash_tui.sources.transport import CommandResult, SshTransport
+from tests.reliability import box
+from tests.reliability.console_side import BOX_PYTHON, PCT_PREFIX, trusted
+from tests.sshd import LOOPBACK, ClientKey, OpenSshServer
+from tests.tui.console_harness import wait_until
+from tests.tui.fleet_box import start_live_run
+
+RUN_ID = "gone0001"
+CRASH_WITHIN_S = 10.0
+
+
+class CountingSsh(SshTransport):
+    """The console's real transport, counting every command it sends."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.sent: list[str] = []
+
+    def _record(self, argv: Sequence[str]) -> None:
+        words = list(argv)
+        self.sent.append(words[words.index("dflash_train") + 1])
+
+    async def run(self, argv: Sequence[str], *, timeout: float) -> CommandResult:
+        self._record(argv)
+        return await super().run(argv, timeout=timeout)
+
+    def stream(self, argv: Sequence[str]):  # type: ignore[no-untyped-def]
+        self._record(argv)
+        return super().stream(argv)
+
+
+def ended(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(10)
+
+
+async def test_sigkilled_trainer_reads_crashed_within_10_s_over_openssh(
+    openssh_server: OpenSshServer, client_key: ClientKey, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    trainer = start_live_run(run_dir, RUN_ID, interval=0.3)
+    (run_dir / "train.log").write_text("step 12 ok\nloading batch 13\n")
+    assert openssh_server.host_key is not None
+    known = trusted(tmp_path / "known_hosts", openssh_server.port, openssh_server.host_key)
+    transport = CountingSsh(
+        LOOPBACK,
+        port=openssh_server.port,
+        username="root",
+        exec_prefix=PCT_PREFIX,
+        known_hosts=known,
+        config_path=None,
+        client_keys=[client_key.private_path],
+        keepalive_interval=2,
+        connect_timeout=5,
+    )
+    options = ConsoleOptions(
+        target_name="box", run_dir=str(run_dir), python=BOX_PYTHON, follow_gpus=False
+    )
+    app = DflashApp(transport, options)
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_until(pilot, lambda: (app.state.step or 0) >= 5, timeout=60)
+            assert app.badge() == "running" and app.bells == 0
+            sent_before = list(transport.sent)
+            killed_at = time.monotonic()
+            os.kill(trainer.pid, signal.SIGKILL)
+            trainer.wait(10)
+            await wait_until(
+                pilot,
+                lambda: app.badge() == "crashed" and app.bells == 1 and bool(app.log_tail),
+                timeout=30,
+            )
+            took = time.monotonic() - killed_at
+            assert took < CRASH_WITHIN_S, f"CRASHED {took:.1f} s after the SIGKILL"
+            assert app.state.run_state == "crashed"
+            assert "loading batch 13" in app.log_tail
+            # The marker came on the open tail: nothing sent since but one `status`.
+            assert transport.sent[len(sent_before) :] == ["status"], transport.sent
+            assert "train.log" in app.export_screenshot()
+    finally:
+        ended(trainer)
+
+
+def test_tail_sends_the_marker_once_for_a_dead_holder_and_none_after_run_end(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    trainer = start_live_run(run_dir, RUN_ID, interval=0.05)
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "dflash_train", "tail", str(run_dir), "--follow", "--poll", "0.1"],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        assert tail.stdout is not None
+        first = protocol.decode_line(tail.stdout.readline())
+        assert isinstance(first, protocol.StatusLine) and first.kind == "run_start"
+        os.kill(trainer.pid, signal.SIGKILL)
+        trainer.wait(10)
+        while True:
+            line = protocol.decode_line(tail.stdout.readline())
+            assert isinstance(line, protocol.StatusLine), line
+            if protocol.is_marker(line):
+                break
+        assert line["code"] == protocol.TRAINER_GONE and line.run == RUN_ID
+        assert line["pid"] == trainer.pid and line["level"] == "error"
+        last = protocol.decode_line((run_dir / "status.jsonl").read_bytes().splitlines()[-1])
+        assert isinstance(last, protocol.StatusLine) and line.seq == last.seq
+    finally:
+        ended(trainer)
+        tail.kill()
+        tail.wait(10)
+
+    # Without a run_end the marker comes once the lock the watch saw held is free past the
+    # grace period, and once only; a trainer that wrote its run_end first is not gone.
+    assert watch_answers(tmp_path / "no-end", ends=False) == [False, False, False, True, False]
+    assert watch_answers(tmp_path / "ended", ends=True) == [False] * 5
+
+
+def watch_answers(where: Path, *, ends: bool) -> list[bool]:
+    """Whether the watch answered a marker: before any holder, while held, within the grace
+    period after, past it, and once more."""
+    now = [0.0]
+    stream, lock = where / "status.jsonl", where / "run.lock"
+    watch = TrainerWatch(lock, stream, clock=lambda: now[0])
+    answers = []
+
+    def check(at: float) -> None:
+        now[0] = at
+        answers.append(watch.check() is not None)
+
+    writer = StatusWriter(stream, RUN_ID)
+    writer.write("heartbeat")
+    check(1.0)
+    with RunLock(lock):
+        check(2.0)
+        if ends:
+            writer.write("run_end", reason="signal", exit_code=0)
+    writer.close()
+    check(3.0)
+    check(6.0)
+    check(9.0)
+    return answers
+
+
+def test_trainer_whose_run_dir_is_deleted_stops_itself_writing_nothing(
+    tmp_path: Path, prepared_data_dir: Path, smollm2_spec: str
+) -> None:
+    run_dir = tmp_path / "run"
+    log = tmp_path / "train.log"  # outside the run dir, so it outlives it
+    args = box.tiny_train_args(smollm2_spec, prepared_data_dir, "--max-steps", "100000")
+    with log.open("wb") as err:
+        trainer = subprocess.Popen(
+            [*box.TRAINER, "train", *args, "--output-dir", str(run_dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=err,
+            env={**os.environ, **box.trainer_env()},
+        )
+    try:
+        box.wait_line(run_dir, lambda ln: ln.kind == "step", what="a step")
+        shutil.rmtree(run_dir)
+        deleted_at = time.monotonic()
+        code = trainer.wait(60)
+        took = time.monotonic() - deleted_at
+    finally:
+        ended(trainer)
+    assert code == EXIT_ORPHANED, log.read_text()[-2000:]
+    assert took < 60
+    assert "was deleted or replaced" in log.read_text()
+    assert not run_dir.exists()  # no checkpoint, no run_end: nothing recreated it
