@@ -55,6 +55,7 @@ def add_option_arguments(parser: argparse.ArgumentParser) -> None:
             section.add_argument(
                 spec.flag,
                 dest=name,
+                action="append" if spec.repeatable else "store",
                 default=argparse.SUPPRESS,
                 metavar=metavar or spec.kind.upper(),
                 help=_help(name),
@@ -109,7 +110,8 @@ def config_args(config: TrainConfig) -> list[str]:
     for name, spec in OPTIONS.items():
         value = config.get(name)
         if name not in ("output_dir", "run_id", "resume_from") and value != spec.default:
-            words += [spec.flag, spec.text(value)]
+            for item in value if spec.repeatable and isinstance(value, tuple) else (value,):
+                words += [spec.flag, spec.text(item)]
     if config.run.resume_from:
         words += ["--resume-from", config.run.resume_from]
     return words

@@ -104,7 +104,14 @@ class Option:
         return ", ".join(parts)
 
     def parse(self, raw: object) -> Any:
-        """The checked value of `raw`; raises OptionError with the reason."""
+        """The checked value of `raw`; raises OptionError with the reason. A repeatable
+        option given more than once (a list) is a tuple of checked values; given once, the
+        value itself."""
+        if self.repeatable and isinstance(raw, (list, tuple)):
+            if not raw:
+                raise OptionError("a value is required")
+            values = tuple(self.parse(item) for item in raw)
+            return values[0] if len(values) == 1 else values
         if raw is None or (isinstance(raw, str) and raw.strip().lower() in NULL_WORDS):
             if self.nullable:
                 return None
@@ -187,6 +194,8 @@ class Option:
         """The value as one would type it on a command line or in a console field."""
         if value is None:
             return ""
+        if self.repeatable and isinstance(value, tuple):
+            return " ".join(self.text(item) for item in value)
         if isinstance(value, tuple):
             return ",".join(d.removeprefix("cuda:") for d in value)
         if isinstance(value, bool):

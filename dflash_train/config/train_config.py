@@ -44,7 +44,14 @@ class TrainWhat:
     target_model: str = option(
         "str", None, "HF model dir, smollm2, or random:<preset>", required=True, metavar="M"
     )
-    data_dir: str = option("str", None, "dataset written by `prepare`", required=True)
+    data_dir: str | tuple[str, ...] = option(
+        "str",
+        None,
+        "dataset written by `prepare`; repeat the flag to train on several (one tokenizer), "
+        "DIR*K to take DIR's samples K times an epoch",
+        required=True,
+        repeatable=True,
+    )
     output_dir: str = option("str", None, "the run directory", required=True)
 
 

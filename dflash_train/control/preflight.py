@@ -214,7 +214,9 @@ def preflight_config(
         target_layer_ids(target.num_layers, context_layers)
     except ValueError as exc:
         raise PreflightError("bad_train_args", f"--target-layers: {exc}") from None
-    check_data_dir(config.train.data_dir)
+    data_dirs = config.train.data_dir
+    for spec in (data_dirs,) if isinstance(data_dirs, str) else data_dirs:
+        check_data_dir(spec.rsplit("*", 1)[0] if spec.rsplit("*", 1)[-1].isdigit() else spec)
     devices = [*(config.pipeline.target_gpus or ()), *(config.pipeline.drafter_gpus or ())]
     check_gpus(gpu_indices(devices), allow_busy=allow_busy)
     check_output_dir(run_dir)

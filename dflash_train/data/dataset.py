@@ -3,8 +3,10 @@ so a bad dataset stops the trainer at start-up with one clear line instead of mi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,3 +176,71 @@ def _describe_bad_shard(root: Path, exc: BaseException) -> str:
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text[:300] or type(exc).__name__
+
+
+# `--data-dir DIR*K`: DIR's samples K times an epoch.
+_WEIGHT = re.compile(r"^(?P<dir>.+)\*(?P<k>\d+)$")
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> dict[str, Any]:
+    """What prepare.json records of the tokenizer that wrote the ids: two datasets with
+    the same fingerprint can be trained on together."""
+    vocab = sorted(tokenizer.get_vocab().items())
+    digest = hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+    return {"vocab_size": len(vocab), "sha256": digest[:16]}
+
+
+def split_weight(spec: str) -> tuple[str, int]:
+    match = _WEIGHT.match(spec)
+    if match is None:
+        return spec, 1
+    weight = int(match["k"])
+    if weight < 1:
+        raise DatasetError(f"data dir {spec}: *K needs K of at least 1")
+    return match["dir"], weight
+
+
+def load_data_dirs(specs: str | Sequence[str]) -> TokenDataset:
+    """One dataset of several prepared dirs (train's repeated --data-dir), each `DIR*K`
+    taken K times, after one check that every dir's ids come from the same tokenizer."""
+    import datasets
+
+    specs = (specs,) if isinstance(specs, str) else tuple(specs)
+    parts = [(load_dataset_dir(path), weight) for path, weight in map(split_weight, specs)]
+    if len(parts) == 1 and parts[0][1] == 1:
+        return parts[0][0]
+    _check_one_tokenizer([ds for ds, _ in parts])
+    chosen = [ds for ds, weight in parts for _ in range(weight)]
+    lengths = np.concatenate([ds.lengths for ds in chosen])
+    table = datasets.concatenate_datasets([ds.table for ds in chosen])
+    stats = DatasetStats(
+        samples=int(lengths.shape[0]),
+        tokens=int(lengths.sum()),
+        loss_tokens=sum(ds.stats.loss_tokens for ds in chosen),
+        min_length=int(lengths.min()),
+        max_length=int(lengths.max()),
+        mean_length=float(lengths.mean()),
+        max_token_id=max(ds.stats.max_token_id for ds in chosen),
+    )
+    sources = [
+        {"path": str(ds.path), "weight": weight, "samples": len(ds), "prepare": ds.prepare_info}
+        for ds, weight in parts
+    ]
+    return TokenDataset(parts[0][0].path, table, lengths, stats, {"sources": sources})
+
+
+def _check_one_tokenizer(parts: Sequence[TokenDataset]) -> None:
+    """Every dir whose prepare.json names its tokenizer names the same one."""
+    known = [
+        (ds, (ds.prepare_info or {}).get("tokenizer"))
+        for ds in parts
+        if isinstance((ds.prepare_info or {}).get("tokenizer"), dict)
+    ]
+    for ds, fingerprint in known[1:]:
+        first, theirs = known[0]
+        if fingerprint != theirs:
+            raise DatasetError(
+                f"data dir {ds.path}: prepared with another tokenizer than {first.path} "
+                f"(vocab {fingerprint.get('vocab_size')} vs {theirs.get('vocab_size')}, "
+                f"sha256 {fingerprint.get('sha256')} vs {theirs.get('sha256')})"
+            )

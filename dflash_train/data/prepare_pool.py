@@ -143,7 +143,8 @@ def run_pool(
             worker.ready = True
             worker.sink.tally.started = time.monotonic()  # its rate counts from here
             worker.sink.tally.batch_size = int(message["rows"])  # type: ignore[arg-type]
-            outcome.load_seconds.append(float(message["load_s"]))  # type: ignore[arg-type]
+            worker.sink.tally.load_s = float(message["load_s"])  # type: ignore[arg-type]
+            outcome.load_seconds.append(worker.sink.tally.load_s)
             hand_out(worker)
         elif event == "progress":
             progress.add(

@@ -20,6 +20,7 @@ POSTFIX_EVERY = 0.5
 class WorkerTally:
     device: str
     batch_size: int | None = None
+    load_s: float | None = None  # the worker's target load
     tokens: int = 0
     answers: int = 0
     truncated: int = 0
@@ -34,6 +35,7 @@ class WorkerTally:
         return {
             "device": self.device,
             "batch_size": self.batch_size,
+            "load_s": self.load_s,
             "answers": self.answers,
             "samples": self.samples,
             "chunks": self.chunks,

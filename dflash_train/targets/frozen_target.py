@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -177,6 +178,7 @@ class Target:
     vocab_size: int
     embed_tokens: nn.Embedding
     lm_head: nn.Linear
+    load_seconds: float = 0.0  # reading the weights onto the device (run_start reports it)
 
     @property
     def backbone(self) -> nn.Module:
@@ -206,12 +208,16 @@ def load_target(spec: str, device: str | torch.device, dtype: torch.dtype) -> Ta
 
     resolved = resolve_target(spec)
     device = torch.device(device)
+    began = time.monotonic()
     if resolved.kind == "random":
         assert resolved.preset is not None
         model = build_random_model(RANDOM_PRESETS[resolved.preset], device, dtype)
     else:
         path = ensure_smollm2_converted(resolved) if resolved.kind == "smollm2" else resolved.path
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+        # Straight onto the device, tensor by tensor from the memory-mapped safetensors:
+        # N replicas share the page cache's one copy of the file instead of each staging
+        # the whole model in host RAM before `.to(device)`.
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=str(device))
     tokenizer = load_tokenizer(resolved)
     model.eval()
     model.requires_grad_(False)
@@ -225,6 +231,7 @@ def load_target(spec: str, device: str | torch.device, dtype: torch.dtype) -> Ta
         vocab_size=int(embed.weight.shape[0]),
         embed_tokens=embed,
         lm_head=model.get_output_embeddings(),
+        load_seconds=round(time.monotonic() - began, 2),
     )
 
 

@@ -172,10 +172,10 @@ class TrainingRun:
 
     def _load_data(self) -> None:
         from dflash_train.data.buckets import batch_plan_stats
-        from dflash_train.data.dataset import load_dataset_dir
+        from dflash_train.data.dataset import load_data_dirs
 
         config = self.config
-        self.dataset = load_dataset_dir(config.train.data_dir)
+        self.dataset = load_data_dirs(config.train.data_dir)
         print(f"{len(self.dataset)} samples loaded from {config.train.data_dir}", file=sys.stderr)
         first = self.plan(0)
         self.batches_per_epoch = len(first)
@@ -367,6 +367,8 @@ class TrainingRun:
                 "target": self.all_target_devices,
                 "drafter": self.all_drafter_devices,
                 "world_size": self.rank.world_size,
+                # Seconds each of this process's target replicas took to load.
+                "target_load_s": [t.load_seconds for t in self.targets],
                 "pipeline": self.config.pipeline.pipeline,
             },
             dataset=dataset,

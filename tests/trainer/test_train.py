@@ -104,6 +104,8 @@ def test_async_run_answers_control_holds_the_lock_and_stops_on_sigterm(
     try:
         start = wait_for(run_dir, lambda line: line.kind == "run_start", proc, log)
         assert start.run == "asyncrun" and start["topology"]["target"] == ["cpu", "cpu"]
+        loads = start["topology"]["target_load_s"]
+        assert len(loads) == 2 and all(seconds > 0 for seconds in loads), loads
         assert start["settings"] == {"hs_queue_depth": 4, "hs_min_ready": 2}
         assert lock_is_held(run_dir / "run.lock")
         second = run_train(train_argv(smollm2_spec, prepared_data_dir, run_dir), timeout=60)
