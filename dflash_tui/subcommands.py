@@ -32,12 +32,14 @@ LOCAL_NAMES = (None, "local", "localhost")
 
 
 def replay_parser() -> argparse.ArgumentParser:
+    from dflash_tui.keymap import PANES  # here: the key table imports Textual
+
     parser = argparse.ArgumentParser(
         prog="dflash-tui replay",
         description="The dashboard of a finished run, with a time cursor. Nothing in a "
         "replay can send a control command.",
         epilog="keys: ←/→ step, [/] previous/next checkpoint or event, Home/End, "
-        "1-6 panes, t theme, ? help, q quit",
+        f"1-{len(PANES)} panes, t theme, ? help, q quit",
     )
     parser.add_argument(
         "path",

@@ -1,11 +1,11 @@
-"""Live settings: find the values in force, change one through control.json and wait for
-the trainer's answer, and rewrite recorded train args with overrides for a restart."""
+"""Live settings: find the values in force, and change one through control.json and wait
+for the trainer's answer."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from dflash_train import protocol
@@ -15,10 +15,6 @@ from dflash_train.stream.reader import last_record, read_envelope, tail_lines
 
 POLL_S = 0.2
 ANSWERS = ("control_applied", "control_rejected")
-
-
-def setting_flag(key: str) -> str:
-    return "--" + key.replace("_", "-")
 
 
 def settings_in_force(run_dir: RunDir) -> dict[str, int]:
@@ -46,75 +42,6 @@ def settings_in_force(run_dir: RunDir) -> dict[str, int]:
         if found:
             return {**protocol.DEFAULT_SETTINGS, **found}
     return dict(protocol.DEFAULT_SETTINGS)
-
-
-def settings_in_args(train_args: Sequence[str]) -> dict[str, int]:
-    """Live settings given in train args (the last occurrence wins, as in argparse)."""
-    found: dict[str, int] = {}
-    for key in protocol.LIVE_SETTINGS:
-        value = option_value(train_args, setting_flag(key))
-        if value is not None:
-            try:
-                found[key] = int(value)
-            except ValueError:
-                continue
-    return {**protocol.DEFAULT_SETTINGS, **found}
-
-
-def option_value(args: Sequence[str], flag: str) -> str | None:
-    value = None
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
-
-
-def without_options(args: Sequence[str], flags: Sequence[str]) -> list[str]:
-    """`args` minus every `--flag VALUE` / `--flag=VALUE` of the given flags (every train
-    option takes a value)."""
-    out: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        if arg in flags:
-            skip = True
-            continue
-        if any(arg.startswith(flag + "=") for flag in flags):
-            continue
-        out.append(arg)
-    return out
-
-
-def parse_overrides(extra: Sequence[str]) -> list[tuple[str, str]]:
-    """`--flag VALUE` / `--flag=VALUE` pairs; raises SettingError naming a bad token."""
-    pairs: list[tuple[str, str]] = []
-    i = 0
-    while i < len(extra):
-        arg = extra[i]
-        if not arg.startswith("--") or arg == "--":
-            raise protocol.SettingError(f"override {arg!r}: expected --option VALUE")
-        if "=" in arg:
-            flag, value = arg.split("=", 1)
-            i += 1
-        elif i + 1 < len(extra):
-            flag, value = arg, extra[i + 1]
-            i += 2
-        else:
-            raise protocol.SettingError(f"override {arg}: missing its value")
-        pairs.append((flag, value))
-    return pairs
-
-
-def with_overrides(args: Sequence[str], pairs: Sequence[tuple[str, str]]) -> list[str]:
-    """Recorded args with each overridden option's earlier values replaced."""
-    out = without_options(args, [flag for flag, _ in pairs])
-    for flag, value in pairs:
-        out += [flag, value]
-    return out
 
 
 def _answer(follower: StreamFollower, rev: int) -> protocol.StatusLine | None:

@@ -167,19 +167,6 @@ def stop_token_ids(target: Target) -> list[int]:
     return ids
 
 
-def build_sample(prompt_ids: Sequence[int], generated: Sequence[int], stops: set[int]) -> Sample:
-    """Cut the answer after its first end-of-turn token (kept: the drafter must learn to
-    predict the end) and mask everything before the answer."""
-    answer: list[int] = []
-    finished = False
-    for token in generated:
-        answer.append(int(token))
-        if token in stops:
-            finished = True
-            break
-    return Sample(list(prompt_ids) + answer, [0] * len(prompt_ids) + [1] * len(answer), finished)
-
-
 def split_repeats(spec: str) -> tuple[str, int]:
     """`builtin*4` -> ("builtin", 4); a spec without the suffix is answered once."""
     match = _REPEATS.match(spec)
@@ -647,7 +634,6 @@ def _prepare(
                 if pending:
                     held, runner, sizing = get_target()
                     sink = progress.worker(0, devices[0], sizing.rows)
-                    sink.tally.load_s = loaded["load_seconds"]
                     for chunk in pending:
                         if deadline is not None and time.time() > deadline and progress.tokens:
                             break
@@ -682,7 +668,6 @@ def _prepare(
                 "generate": round(generated - generate_started, 2),
             },
         )  # fmt: skip
-        info["tokenizer"] = _tokenizer_of(config, loaded)
         extra = {}
         synth = work.root / SYNTH_PROMPTS
         if synth.is_file():
@@ -694,17 +679,6 @@ def _prepare(
     stats = info["stats"]
     log.info("wrote %d samples (%d tokens) to %s", stats["samples"], stats["tokens"], config.out)
     return info
-
-
-def _tokenizer_of(config: PrepareConfig, loaded: dict[str, Any]) -> dict[str, Any]:
-    """The fingerprint of the tokenizer that wrote the ids (train checks its data dirs
-    share one)."""
-    from dflash_train.data.dataset import tokenizer_fingerprint
-    from dflash_train.targets.frozen_target import load_tokenizer, resolve_target
-
-    if "target" in loaded:
-        return tokenizer_fingerprint(loaded["target"][0].tokenizer)
-    return tokenizer_fingerprint(load_tokenizer(resolve_target(config.target)))
 
 
 def _dataset_info(

@@ -69,12 +69,6 @@ def parse_spec(spec: str) -> int | None:
     return int(text)
 
 
-def user_turn_prefix(tokenizer: Any) -> list[int]:
-    """The template's tokens up to where a user's text starts (system turn included where
-    the template adds a default one)."""
-    return encode(tokenizer, _user_turn_prefix_text(tokenizer))
-
-
 def _user_turn_prefix_text(tokenizer: Any) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise SynthError("target: its tokenizer has no chat template")

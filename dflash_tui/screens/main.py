@@ -1,5 +1,6 @@
-"""The dashboard screen: the six panes and the keys that act on the run. Every key's action
-opens its dialog here and hands the checked request to the app, which talks to the Session."""
+"""The dashboard screen: its seven panes (keymap.PANES) and the keys that act on the run.
+Every key's action opens its dialog here and hands the checked request to the app, which
+talks to the Session."""
 
 from __future__ import annotations
 
@@ -148,9 +149,7 @@ class MainScreen(Screen[None]):
             screen.show_listing(None, f"dflash-train status: {reply.error}")
 
     def action_help(self) -> None:
-        self.app.push_screen(
-            HelpScreen(read_only=self.console.read_only, remapped=self.console.remapped_keys)
-        )
+        self.app.push_screen(HelpScreen(read_only=self.console.read_only))
 
     # -- run control -----------------------------------------------------------------
 

@@ -1,38 +1,15 @@
-"""Live settings without a trainer: the values in force, override rewriting for restart,
-and `set`/`restart` refusing bad input with a one-line reason."""
+"""Live settings without a trainer: the values in force, and `set`/`restart` refusing bad
+input with a one-line reason."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from control_harness import cli, run_start_fields, step_fields, write_stream
 
 from dflash_train import protocol
-from dflash_train.control.settings import (
-    parse_overrides,
-    settings_in_args,
-    settings_in_force,
-    with_overrides,
-)
+from dflash_train.control.settings import settings_in_force
 from dflash_train.rundir import RunDir, atomic_write_json
-
-
-def test_overrides_replace_earlier_values() -> None:
-    recorded = ["--lr", "1e-4", "--hs-min-ready=4", "--hs-min-ready", "5", "--seed", "1"]
-    pairs = parse_overrides(["--hs-min-ready", "30", "--lr=3e-4"])
-    assert with_overrides(recorded, pairs) == [
-        "--seed",
-        "1",
-        "--hs-min-ready",
-        "30",
-        "--lr",
-        "3e-4",
-    ]
-    assert settings_in_args(recorded) == {"hs_queue_depth": 8, "hs_min_ready": 5}
-    for bad in (["30"], ["--lr"], ["--", "--lr", "1"]):
-        with pytest.raises(protocol.SettingError):
-            parse_overrides(bad)
 
 
 def test_settings_in_force_follow_the_stream(tmp_path: Path) -> None:

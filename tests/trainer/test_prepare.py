@@ -17,7 +17,6 @@ from dflash_train.data.prepare import (
     PrepareConfig,
     PrepareError,
     Sample,
-    build_sample,
     write_dataset,
 )
 from dflash_train.data.prompts import load_prompts
@@ -116,13 +115,6 @@ def test_prepare_json_records_the_run(prepared_data_dir: Path) -> None:
     assert stats["answer_tokens"] == dataset.stats.loss_tokens
     assert info["config"]["max_new_tokens"] == 48
     assert len(list(prepared_data_dir.glob("data-*.arrow"))) == 2
-
-
-def test_build_sample_keeps_end_of_turn_and_drops_what_follows() -> None:
-    finished = build_sample([1, 10, 11], [20, 21, EOS, EOS, EOS], {EOS})
-    assert finished == Sample([1, 10, 11, 20, 21, EOS], [0, 0, 0, 1, 1, 1], True)
-    truncated = build_sample([1, 10], [20, 21, 22], {EOS})
-    assert truncated == Sample([1, 10, 20, 21, 22], [0, 0, 1, 1, 1], False)
 
 
 def test_failed_write_keeps_the_old_dataset(tmp_path: Path) -> None:
