@@ -634,6 +634,7 @@ def _prepare(
                 if pending:
                     held, runner, sizing = get_target()
                     sink = progress.worker(0, devices[0], sizing.rows)
+                    sink.tally.load_s = loaded["load_seconds"]
                     for chunk in pending:
                         if deadline is not None and time.time() > deadline and progress.tokens:
                             break
@@ -668,6 +669,7 @@ def _prepare(
                 "generate": round(generated - generate_started, 2),
             },
         )  # fmt: skip
+        info["tokenizer"] = _tokenizer_of(config, loaded)
         extra = {}
         synth = work.root / SYNTH_PROMPTS
         if synth.is_file():
@@ -679,6 +681,17 @@ def _prepare(
     stats = info["stats"]
     log.info("wrote %d samples (%d tokens) to %s", stats["samples"], stats["tokens"], config.out)
     return info
+
+
+def _tokenizer_of(config: PrepareConfig, loaded: dict[str, Any]) -> dict[str, Any]:
+    """The fingerprint of the tokenizer that wrote the ids (train checks its data dirs
+    share one)."""
+    from dflash_train.data.dataset import tokenizer_fingerprint
+    from dflash_train.targets.frozen_target import load_tokenizer, resolve_target
+
+    if "target" in loaded:
+        return tokenizer_fingerprint(loaded["target"][0].tokenizer)
+    return tokenizer_fingerprint(load_tokenizer(resolve_target(config.target)))
 
 
 def _dataset_info(

@@ -149,7 +149,9 @@ class MainScreen(Screen[None]):
             screen.show_listing(None, f"dflash-train status: {reply.error}")
 
     def action_help(self) -> None:
-        self.app.push_screen(HelpScreen(read_only=self.console.read_only))
+        self.app.push_screen(
+            HelpScreen(read_only=self.console.read_only, remapped=self.console.remapped_keys)
+        )
 
     # -- run control -----------------------------------------------------------------
 
