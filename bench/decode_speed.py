@@ -2,11 +2,14 @@
 
 - `prepare`'s batched generation (generate_rows): a whole batch's seconds, and the parts of
   one decode step timed alone (the captured target step, picking tokens, the bookkeeping);
-- speculative decoding's round: the target's verify step, the drafter's round (one CUDA
-  graph over its context cache) and a plain greedy step, each timed alone.
+- speculative decoding's round as eval runs it (one graph replay deciding on the device) and
+  greedy's step likewise, each timed alone, beside the earlier loop's pieces (the verify
+  step, the drafter's own round graph, a plain one-token step).
 
 Weights do not change the timings, so a target built from a config (random weights) does:
     python3 bench/decode_speed.py --target-model /tmp/rand-smollm2 --device cuda:0
+    python3 bench/decode_speed.py --target-model smollm2 --spec-only --spec-dtype float32 \
+        --spec-dtype bfloat16 --drafter bench/results/quality_smollm2/export
 Prints one JSON object."""
 
 from __future__ import annotations
@@ -107,36 +110,77 @@ def profile_generation(target, prompts: list[list[int]], batch: int, new_tokens:
     return table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60)
 
 
-def speculative_round(target, block: int, context: int) -> dict:
-    from dflash_train.decode.speculative import Decoder, cached_drafter
+def speculative_round(target, block: int, context: int, drafter_dir: str | None = None) -> dict:
+    """One round's parts timed alone at `context` tokens, in the target's dtype: the
+    device-deciding round and greedy step that eval runs (one graph replay and one read back
+    each: device_round.py), and the earlier loop's pieces for comparison (the captured
+    verify and one-token steps with their input copies and logit clones, the drafter's own
+    graph). `drafter_dir`: an export (weights do not change the timings; default random)."""
+    from dflash_train.checkpoint.export import load_any_drafter
+    from dflash_train.decode.draft_cache import CachedDrafter
+    from dflash_train.decode.speculative import Decoder, cached_drafter, with_block_size
     from dflash_train.model.drafter import DFlashDrafter, drafter_config_for_target
 
     torch.manual_seed(0)
-    config = drafter_config_for_target(target, num_layers=2, block_size=block)
-    drafter = DFlashDrafter(config).to(target.device, torch.float32).eval()
-    decoder = Decoder(target, context + 64, config.target_layer_ids, widths=(1, block))
-    runner = cached_drafter(decoder, drafter)
+    dtype = target.embed_tokens.weight.dtype
+    if drafter_dir:
+        drafter = load_any_drafter(drafter_dir, target.device, dtype).eval()
+        drafter = with_block_size(drafter, block)
+    else:
+        config = drafter_config_for_target(target, num_layers=2, block_size=block)
+        drafter = DFlashDrafter(config).to(target.device, dtype).eval()
+    config = drafter.config
+    static = target.device.type != "cuda"  # a CPU dry run of the plumbing
+    decoder = Decoder(target, context + 64, config.target_layer_ids, (1, block), static=static)
+    rounds = cached_drafter(decoder, drafter)
+    features = len(config.target_layer_ids) * config.hidden_size
+    head, embed = target.lm_head, target.embed_tokens
+    old_drafter = CachedDrafter(drafter, head, embed, decoder.cache.capacity, features, True)
     device = decoder.device
+    greedy = decoder.greedy
     with torch.inference_mode():
         prompt = torch.randint(0, 1000, (context,)).tolist()
         out = decoder.prefill(prompt)
         anchor = torch.tensor([5], device=device)
-        runner.begin(out.context[0], anchor)
+        rounds.begin(out.context[0], anchor, context)
+        old_drafter.begin(out.context[0], anchor)
         ids = torch.randint(0, 1000, (1, block), device=device)
         one = ids[:, :1]
+
+        def device_round() -> None:
+            rounds.start.fill_(context)  # each replay moves on; stay at `context`
+            rounds.replay()
+            rounds.result.tolist()
+
+        def device_greedy() -> None:
+            greedy.start.fill_(context)
+            greedy.replay()
+            int(greedy.ids)
+
+        round_ms = _timed(device_round, 100, device)
+        greedy_ms = _timed(device_greedy, 100, device)
         verify_ms = _timed(lambda: decoder.step(ids, context), 50, device)
-        greedy_ms = _timed(lambda: decoder.step(one, context), 50, device)
-        features = decoder.step(ids, context).context[0]
-        draft_ms = _timed(lambda: runner.round(features, context, anchor, context + 3), 50, device)
+        step_ms = _timed(lambda: decoder.step(one, context), 50, device)
+        feats = decoder.step(ids, context).context[0]
+        draft_ms = _timed(
+            lambda: old_drafter.round(feats, context, anchor, context + 3), 50, device
+        )
     return {
+        "dtype": str(dtype).removeprefix("torch."),
         "block": block,
         "context": context,
-        "drafter_graphed": runner.graph is not None,
-        "target_graphed": bool(decoder.graphs),
-        "verify_ms": verify_ms,
-        "draft_round_ms": draft_ms,
-        "greedy_step_ms": greedy_ms,
-        "round_over_greedy": round((verify_ms + draft_ms) / greedy_ms, 3),
+        "drafter": drafter_dir or "random, 2 layers",
+        "device_graphed": rounds.graph is not None and greedy.graph is not None,
+        "device_round_ms": round_ms,
+        "device_greedy_step_ms": greedy_ms,
+        "round_over_greedy_step": round(round_ms / greedy_ms, 3),
+        "earlier_loop_pieces": {
+            "verify_ms": verify_ms,
+            "draft_round_ms": draft_ms,
+            "greedy_step_ms": step_ms,
+            "target_graphed": bool(decoder.graphs),
+            "drafter_graphed": old_drafter.graph is not None,
+        },
     }
 
 
@@ -153,7 +197,22 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="captured == uncaptured steps")
     parser.add_argument("--profile", type=int, default=0, help="profile one batch of this size")
     parser.add_argument("--context", type=int, default=300, help="speculative: context length")
+    parser.add_argument(
+        "--spec-only",
+        action="store_true",
+        help="only the speculative round's parts, in each --spec-dtype (default float32)",
+    )
+    parser.add_argument("--spec-dtype", action="append", choices=("float32", "bfloat16"))
+    parser.add_argument("--drafter", default=None, help="an export for the speculative round")
     args = parser.parse_args()
+    if args.spec_only:
+        rounds = []
+        for dtype in args.spec_dtype or ["float32"]:
+            target = load_target(args.target_model, args.device, getattr(torch, dtype))
+            rounds.append(speculative_round(target, 16, args.context, args.drafter))
+            print(json.dumps(rounds[-1]), flush=True)
+        print(json.dumps({"speculative": rounds}))
+        return
     target = load_target(args.target_model, args.device, torch.bfloat16)
     prompts = [chat_prompt_ids(target.tokenizer, p) for p in load_prompts("builtin")]
     if args.check:
