@@ -23,6 +23,14 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(resolved.to_json())
         return 0
+    pipeline = resolved.config.pipeline
+    devices = pipeline.target_gpus or pipeline.drafter_gpus or ()
+    if pipeline.target_dtype == "fp8" and "cpu" in devices:
+        from dflash_train.targets.fp8 import off_cuda_refusal
+
+        # The GPU's capability and torchao are checked when the target loads.
+        print(f"dflash-train train: {off_cuda_refusal('cpu')}", file=sys.stderr)
+        return 2
     from dflash_train.training.process import train
 
     return train(resolved.config)

@@ -168,6 +168,11 @@ class PipelineOptions:
         "bool", True, "torch.compile the target's decoder layers (CUDA targets only)",
         env="DFLASH_COMPILE_TARGET",
     )  # fmt: skip
+    target_dtype: str = option(
+        "choice", "bf16", "the target's decoder linears: bf16, or fp8 (torchao float8 with "
+        "rowwise scales, CUDA 8.9+; opt-in: it shifts the hidden states a little)",
+        choices=("bf16", "fp8"),
+    )  # fmt: skip
     hs_queue_depth: int | None = option(
         "int", None, "most hidden-state batches held ready (default 8, live)", minimum=1,
         maximum=protocol.LIVE_SETTINGS["hs_queue_depth"].maximum, live=True,

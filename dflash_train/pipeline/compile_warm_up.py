@@ -54,15 +54,20 @@ def kernels_in_use(
     drafter_device: torch.device,
     targets: Sequence[Target],
     compile_target: bool = True,
+    target_dtype: str = "bf16",
 ) -> dict[str, Any]:
-    """What run_start reports: which implementation each hot part runs."""
+    """What run_start reports: which implementation each hot part runs; per target layer
+    type, which kernel each of its parts runs (linear_attention.layer_paths)."""
+    from dflash_train.targets.linear_attention import layer_paths
+
     attention = resolve_backend(attention_backend, drafter_device)
     compiled = bool(targets) and target_compile_wanted(targets[0], compile_target)
     return {
         "attention": "flex" if attention == "flex" else "sdpa",
         "lm_head_loss": "fused_chunked_ce",
         "target_layers": "compiled" if compiled else "eager",
-        "linear_attention": linear_attention_kernels(targets[0]) if targets else None,
+        "target_dtype": target_dtype,
+        "target_layer_paths": layer_paths(targets[0]) if targets else None,
     }
 
 

@@ -218,6 +218,10 @@ def load_target(spec: str, device: str | torch.device, dtype: torch.dtype) -> Ta
         # N replicas share the page cache's one copy of the file instead of each staging
         # the whole model in host RAM before `.to(device)`.
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=str(device))
+    if device.type == "cuda":
+        from dflash_train.targets.linear_attention import use_fast_conv1d
+
+        use_fast_conv1d(model)  # hybrids: fla's Triton conv where causal-conv1d is missing
     tokenizer = load_tokenizer(resolved)
     model.eval()
     model.requires_grad_(False)

