@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 # Plain modules (no Textual): `--help` stays fast and needs no terminal.
-from dflash_tui.destination import (
+from dflash_tui.cli_args import (
     UsageError,
     build_parser,
     check_host_exists,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dflash_train.protocol import ROTATED_STREAM
-from dflash_tui.destination import (
+from dflash_tui.cli_args import (
     UsageError,
     add_destination_options,
     build_parser,

@@ -19,6 +19,11 @@ def _allowed(module: str) -> bool:
     )
 
 
+def _is_trainer_module(name: str) -> bool:
+    package = ROOT / "dflash_train"
+    return (package / f"{name}.py").is_file() or (package / name / "__init__.py").is_file()
+
+
 def _trainer_imports(tree: ast.AST) -> list[str]:
     names = []
     for node in ast.walk(tree):
@@ -28,7 +33,11 @@ def _trainer_imports(tree: ast.AST) -> list[str]:
             isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "dflash_train"
         ):
             if node.module == "dflash_train":  # `from dflash_train import protocol`
-                names += [f"dflash_train.{a.name}" for a in node.names]
+                # A submodule, or a name the package itself holds (`__version__`).
+                names += [
+                    f"dflash_train.{a.name}" if _is_trainer_module(a.name) else "dflash_train"
+                    for a in node.names
+                ]
             else:
                 names.append(node.module or "")
     return names

@@ -12,7 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from dflash_tui.destination import UsageError, parse_host
+from dflash_tui.cli_args import UsageError, parse_host
 from dflash_tui.sources.profiles import Profile, ProfileError, parse_profile
 
 FIELDS = (

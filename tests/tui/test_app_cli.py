@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_tui import destination, themes
+from dflash_tui import cli_args, themes
 from dflash_tui.sources.console_options import form_defaults, remember_in
 from dflash_tui.sources.profiles import LaunchDefaults, Profile, load_config, save_config
 
@@ -17,8 +17,8 @@ FLAGS = ["--run-dir", "/data/runs/r1"]
 
 
 def parse(*argv: str):  # type: ignore[no-untyped-def]
-    args = destination.build_parser().parse_args(list(argv))
-    return args, destination.exec_prefix(args)
+    args = cli_args.build_parser().parse_args(list(argv))
+    return args, cli_args.exec_prefix(args)
 
 
 def test_help_works_without_connecting() -> None:
@@ -37,14 +37,14 @@ def test_help_works_without_connecting() -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("gpu-box", destination.HostSpec("gpu-box", None, None)),
-        ("root@gpu-box", destination.HostSpec("gpu-box", "root", None)),
-        ("root@10.0.0.5:2222", destination.HostSpec("10.0.0.5", "root", 2222)),
-        ("[::1]:2200", destination.HostSpec("::1", None, 2200)),
+        ("gpu-box", cli_args.HostSpec("gpu-box", None, None)),
+        ("root@gpu-box", cli_args.HostSpec("gpu-box", "root", None)),
+        ("root@10.0.0.5:2222", cli_args.HostSpec("10.0.0.5", "root", 2222)),
+        ("[::1]:2200", cli_args.HostSpec("::1", None, 2200)),
     ],
 )
-def test_destinations(text: str, expected: destination.HostSpec) -> None:
-    assert destination.parse_host(text) == expected
+def test_destinations(text: str, expected: cli_args.HostSpec) -> None:
+    assert cli_args.parse_host(text) == expected
 
 
 @pytest.mark.parametrize(
@@ -52,8 +52,8 @@ def test_destinations(text: str, expected: destination.HostSpec) -> None:
     [("box:ssh", "port 'ssh'"), ("box:70000", "1..65535"), ("root@", "no host name")],
 )
 def test_bad_destinations_name_the_problem(text: str, message: str) -> None:
-    with pytest.raises(destination.UsageError, match=message):
-        destination.parse_host(text)
+    with pytest.raises(cli_args.UsageError, match=message):
+        cli_args.parse_host(text)
 
 
 def test_container_and_exec_prefix() -> None:
@@ -64,9 +64,9 @@ def test_container_and_exec_prefix() -> None:
         "-i",
         "my trainer",
     ]
-    with pytest.raises(destination.UsageError, match="numeric container id"):
+    with pytest.raises(cli_args.UsageError, match="numeric container id"):
         parse("box", "--container", "200; rm -rf /")
-    with pytest.raises(destination.UsageError, match="cannot split"):
+    with pytest.raises(cli_args.UsageError, match="cannot split"):
         parse("box", "--exec-prefix", "docker 'open")
 
 
@@ -82,7 +82,7 @@ def test_profile_with_flags_on_top(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     box = Profile("box", host="gpu-box", container="200", run_dir="/r", launch=launch)
     save_config(load_config(config).__class__({"box": box}), config)
     args, prefix = parse("box", "--watch", "--theme", "dflash-light")
-    profile = destination.choose_profile(args, prefix)
+    profile = cli_args.choose_profile(args, prefix)
     assert (profile.host, profile.command_prefix(), profile.run_dir) == (
         "gpu-box",
         ("pct", "exec", "200", "--"),
@@ -93,7 +93,7 @@ def test_profile_with_flags_on_top(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert form["target_model"] == "Qwen/Qwen3-8B" and form["epochs"] == "6"
     assert form["extra"] == "--max-length 4096"
     args, prefix = parse("root@other:2222", "--exec-prefix", "docker exec t", *FLAGS)
-    adhoc = destination.choose_profile(args, prefix)
+    adhoc = cli_args.choose_profile(args, prefix)
     assert (adhoc.host, adhoc.user, adhoc.port) == ("other", "root", 2222)
     assert adhoc.command_prefix() == ("docker", "exec", "t") and adhoc.run_dir == "/data/runs/r1"
 
@@ -105,18 +105,18 @@ def test_remembering_for_a_host_keeps_it_a_host(
     only hs_min_ready, and the next console for the same destination ran locally."""
     monkeypatch.setenv("DFLASH_CONFIG", str(tmp_path / "config.toml"))
     args, prefix = parse("root@127.0.0.1:2222", "--watch", "--run-dir", "/r")
-    remember_in(destination.choose_profile(args, prefix))("hs_min_ready", 4)
+    remember_in(cli_args.choose_profile(args, prefix))("hs_min_ready", 4)
     args, prefix = parse("root@127.0.0.1:2222")
-    again = destination.choose_profile(args, prefix)
+    again = cli_args.choose_profile(args, prefix)
     assert (again.host, again.user, again.port) == ("127.0.0.1", "root", 2222)
     assert again.launch.hs_min_ready == 4
     assert not again.watch and again.run_dir != "/r"  # one session's flags are not stored
 
 
 def test_unknown_theme_name_is_refused() -> None:
-    with pytest.raises(destination.UsageError, match=r"unknown theme 'neon' \(known: dflash-dark"):
-        destination.check_theme("neon")
-    destination.check_theme("dflash-high-contrast")
+    with pytest.raises(cli_args.UsageError, match=r"unknown theme 'neon' \(known: dflash-dark"):
+        cli_args.check_theme("neon")
+    cli_args.check_theme("dflash-high-contrast")
 
 
 def test_unknown_theme_file_keys_are_refused(tmp_path: Path) -> None:
@@ -167,11 +167,11 @@ def test_a_word_that_is_no_profile_host_or_subcommand_is_refused(tmp_path: Path)
 def test_ssh_config_aliases_count_as_hosts(tmp_path: Path) -> None:
     config = tmp_path / "config"
     config.write_text("Host *\n  User root\nHost gpu-* !gpu-old\n  HostName 10.0.0.5\n")
-    assert destination._ssh_config_names("gpu-box", config)
-    assert not destination._ssh_config_names("gpu-old", config)
-    assert not destination._ssh_config_names("info", config)  # `Host *` names no host
-    destination.check_host_exists("localhost")
-    destination.check_host_exists("root@127.0.0.1:2222")
+    assert cli_args._ssh_config_names("gpu-box", config)
+    assert not cli_args._ssh_config_names("gpu-old", config)
+    assert not cli_args._ssh_config_names("info", config)  # `Host *` names no host
+    cli_args.check_host_exists("localhost")
+    cli_args.check_host_exists("root@127.0.0.1:2222")
 
 
 def test_paths_names_the_config_file_and_the_rest(tmp_path: Path) -> None:

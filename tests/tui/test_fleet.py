@@ -281,7 +281,7 @@ async def test_fleet_over_two_openssh_servers_and_a_dead_port(
 def test_no_destination_opens_the_fleet_when_profiles_exist(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dflash_tui.destination import build_parser, wants_fleet
+    from dflash_tui.cli_args import build_parser, wants_fleet
 
     config = tmp_path / "config.toml"
     monkeypatch.setenv("DFLASH_CONFIG", str(config))

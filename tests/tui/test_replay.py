@@ -10,7 +10,7 @@ import pytest
 from textual.widgets import Footer
 
 from dflash_train import protocol
-from dflash_tui.destination import UsageError
+from dflash_tui.cli_args import UsageError
 from dflash_tui.sources.replay import ReplayError, ReplaySession, Timeline, read_stream_file
 from dflash_tui.sources.session import ReadOnlyError
 from dflash_tui.sources.state import RunState

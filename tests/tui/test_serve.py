@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from textual.widgets import Input
 
-from dflash_tui import destination
+from dflash_tui import cli_args
 from dflash_tui.sources.session import WATCH_ONLY_ENV, ReadOnlyError
 from tests.tui.console_harness import (
     attached,
@@ -48,10 +48,10 @@ async def test_the_session_latch_refuses_what_the_ui_lets_through(
 
 
 def test_the_cli_shows_a_served_console_as_watch_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    args = destination.build_parser().parse_args(["local", "--run-dir", "/tmp/r"])
-    assert not destination.choose_profile(args, []).watch
+    args = cli_args.build_parser().parse_args(["local", "--run-dir", "/tmp/r"])
+    assert not cli_args.choose_profile(args, []).watch
     monkeypatch.setenv(WATCH_ONLY_ENV, "1")
-    assert destination.choose_profile(args, []).watch
+    assert cli_args.choose_profile(args, []).watch
 
 
 @pytest.mark.parametrize(
@@ -78,4 +78,4 @@ def test_serve_refuses_bad_arguments_before_listening(
         env={**os.environ, "DFLASH_CONFIG": str(config)},
     )
     assert done.returncode == 2 and message in done.stderr, done.stderr
-    assert isinstance(destination.build_parser(), argparse.ArgumentParser)
+    assert isinstance(cli_args.build_parser(), argparse.ArgumentParser)
