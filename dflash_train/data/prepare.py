@@ -626,6 +626,8 @@ def _prepare(
         answers_total = sum(answers_to_make(work.read_chunk(c), config.responses) for c in pending)
         progress = PrepareProgress(answers_total, plan["jobs"], jobs_done, writer)
         deadline = None if config.max_seconds is None else started + config.max_seconds
+        if len(devices) == 1 and pending:
+            get_target()  # the load is not generation time
         generate_started = time.monotonic()
         failed: dict[int, str] = {}
         retried: list[int] = []
@@ -648,6 +650,8 @@ def _prepare(
                 outcome = run_pool(work, devices, config, pending, progress, deadline)
                 failed, retried = outcome.failed, outcome.retried
                 loaded["load_seconds"] = outcome.load_seconds
+                # Generation starts when the first replica is loaded.
+                generate_started = outcome.first_ready or generate_started
         finally:
             progress.close()
         generated = time.monotonic()

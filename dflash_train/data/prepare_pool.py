@@ -48,6 +48,7 @@ class PoolOutcome:
     failed: dict[int, str] = field(default_factory=dict)
     retried: list[int] = field(default_factory=list)
     load_seconds: list[float] = field(default_factory=list)
+    first_ready: float | None = None  # time.monotonic() when the first worker was ready
 
 
 def _spawn(
@@ -142,6 +143,7 @@ def run_pool(
         if event == "ready":
             worker.ready = True
             worker.sink.tally.started = time.monotonic()  # its rate counts from here
+            outcome.first_ready = outcome.first_ready or worker.sink.tally.started
             worker.sink.tally.batch_size = int(message["rows"])  # type: ignore[arg-type]
             worker.sink.tally.load_s = float(message["load_s"])  # type: ignore[arg-type]
             outcome.load_seconds.append(worker.sink.tally.load_s)

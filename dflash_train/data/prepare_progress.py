@@ -109,8 +109,10 @@ class PrepareProgress:
     def fields(self, now: float | None = None) -> dict[str, Any]:
         now = time.monotonic() if now is None else now
         answers = sum(w.answers for w in self.workers.values())
-        rate = self.tokens / max(now - self.started, 1e-9)
-        answer_rate = answers / max(now - self.started, 1e-9)
+        # From the first worker's start of generation: target loads are not answer time.
+        since = min((w.started for w in self.workers.values()), default=self.started)
+        rate = self.tokens / max(now - since, 1e-9)
+        answer_rate = answers / max(now - since, 1e-9)
         left = max(self.answers_total - answers, 0)
         return {
             "prompts_done": self.samples_done,
