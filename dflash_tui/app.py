@@ -468,6 +468,8 @@ class DflashApp(App[None]):
             return "unknown_host_key"  # waiting for the operator's answer, not failed
         if self.connection != "connected":
             return self.connection
+        if any(w.name == "restart" and w.is_running for w in self.workers):
+            return "restarting"  # the old trainer's stop is a pass, not the end
         return self.state.run_state
 
     def event_entries(self) -> list[EventEntry]:

@@ -38,7 +38,8 @@ def _started(data: Mapping[str, Any]) -> str:
 
 def _launch(data: Mapping[str, Any]) -> str:
     done = "; it has already finished" if data.get("finished") else ""
-    return f"launched: training{_seconds(data)}, {_started(data)}{done}"
+    doing = "preparing" if data.get("mode") == "prepare" else "training"
+    return f"launched: {doing}{_seconds(data)}, {_started(data)}{done}"
 
 
 def _restart(data: Mapping[str, Any]) -> str:
@@ -50,15 +51,10 @@ def _restart(data: Mapping[str, Any]) -> str:
     else:
         how = "started from scratch (no checkpoint yet)"
     text = f"restarted: {how}{_seconds(data)}, {_started(data)}"
-    changed = data.get("changed")
-    if isinstance(changed, dict) and changed:
-        # What the operator's overrides changed, as the console shows it (issue 13).
-        moves = (
-            f"{name} {_shown(c.get('from'))}→{_shown(c.get('to'))}"
-            for name, c in changed.items()
-            if isinstance(c, dict)
-        )
-        text += f"; changed {', '.join(moves)}"
+    # What the operator's overrides changed, as the console shows it (issue 13), and the
+    # live values set on the box that the restart kept over its record.
+    text += _moves(data.get("changed"), "changed", "{name} {old}→{new}")
+    text += _moves(data.get("carried"), "kept live", "{name} {new} (recorded {old})")
     previous = data.get("previous_run")
     if isinstance(previous, dict) and previous.get("dir"):
         # A fresh start leaves the old run where it was: say where (issue 12).
@@ -67,6 +63,18 @@ def _restart(data: Mapping[str, Any]) -> str:
     if dropped:
         text += f"; not passed again: {', '.join(str(d) for d in dropped)}"
     return text
+
+
+def _moves(moves: Any, what: str, shape: str) -> str:
+    """'; WHAT a 1→2, b 3→4' for a reply's {name: {"from": old, "to": new}}; '' for none."""
+    if not isinstance(moves, dict) or not moves:
+        return ""
+    shown = (
+        shape.format(name=name, old=_shown(c.get("from")), new=_shown(c.get("to")))
+        for name, c in moves.items()
+        if isinstance(c, dict)
+    )
+    return f"; {what} {', '.join(shown)}"
 
 
 def _shown(value: Any) -> str:

@@ -25,6 +25,7 @@ from dflash_train.control.launch import (
 from dflash_train.control.preflight import PreflightError
 from dflash_train.control.run_config import (
     OverrideError,
+    carried_settings,
     changed_options,
     override_values,
     recorded_config,
@@ -68,9 +69,9 @@ def restart_run(
         environ = {**(load_env_file(env_file) if env_file else {}), **new_env}
         base = recorded_config(run_dir, record, environ)
         owned = {"run_id": run_id, "resume_from": None, "output_dir": str(run_dir.root)}
-        new = restarted_config(
-            base, override_values(sets, extra_args), environ=environ, owned=owned
-        )
+        overrides = override_values(sets, extra_args)
+        carried = carried_settings(run_dir, old_id, base, overrides)
+        new = restarted_config(base, overrides, environ=environ, owned=owned, carried=carried)
     except OverrideError as exc:  # a bad override stops nothing
         return protocol.reply_error("restart", exc.code, exc.message)
     except PreflightError as exc:
@@ -132,7 +133,9 @@ def restart_run(
         # Where the run that a fresh start left behind keeps its checkpoints and export.
         "previous_run": previous,
         "checkpoints": layout["checkpoints"],
-        "changed": changed_options(new, base),
+        "changed": changed_options(new, base, carried),
+        # Live values set on the box (`set`) that the new start keeps, over the record.
+        "carried": {k: {"from": base.config.get(k), "to": v} for k, v in carried.items()},
         "train_args": args,
         "env_dropped": dropped,
     }

@@ -13,6 +13,7 @@ from dflash_train.config import OPTIONS, ConfigError, ResolvedConfig, resolve
 from dflash_train.config.cli_options import parse_flags, resolve_train_args
 from dflash_train.config.loader import Layer, cli_layer, environment_layer, record_layer
 from dflash_train.config.train_config import RESTART_OWNED
+from dflash_train.control.settings import reported_settings
 from dflash_train.rundir import RunDir, atomic_write_json, read_json
 
 
@@ -77,26 +78,43 @@ def _resolved_layer(resolved: ResolvedConfig, source: str) -> Layer:
     return Layer(source, values, dict.fromkeys(values, source), dict(resolved.sources))
 
 
+def carried_settings(
+    run_dir: RunDir, run_id: object, base: ResolvedConfig, overrides: Mapping[str, object]
+) -> dict[str, int]:
+    """The live settings the run's stream reports in force that differ from its recorded
+    config and that no override names: what `set` changed on the box, which a restart
+    keeps (control.json's answered values, as the trainer applied them)."""
+    reported_run, values = reported_settings(run_dir)
+    if reported_run is None or reported_run != run_id:
+        return {}
+    recorded = base.config.live_settings()
+    return {k: v for k, v in values.items() if k not in overrides and recorded.get(k) != v}
+
+
 def restarted_config(
     base: ResolvedConfig,
     overrides: Mapping[str, object],
     *,
     environ: Mapping[str, str],
     owned: Mapping[str, object],
+    carried: Mapping[str, int] | None = None,
 ) -> ResolvedConfig:
-    """The recorded config with the environment's options and the overrides over it, and
-    the values restart owns (run id, resume point); checked whole. Live settings are
-    judged against the recorded ones with the protocol's rules, so `hs_queue_depth=4`
-    names the hs_min_ready it would strand. Raises OverrideError."""
+    """The recorded config with the environment's options, the live settings `carried`
+    from the running trainer and the overrides over it, and the values restart owns (run
+    id, resume point); checked whole. Live settings are judged against the recorded and
+    carried ones with the protocol's rules, so `hs_queue_depth=4` names the hs_min_ready
+    it would strand. Raises OverrideError."""
     live = {k: v for k, v in overrides.items() if k in protocol.LIVE_SETTINGS}
+    carried = dict(carried or {})
     try:
         protocol.validate_settings(
-            {k: str(v) for k, v in live.items()}, base.config.live_settings()
+            {k: str(v) for k, v in live.items()}, {**base.config.live_settings(), **carried}
         )
         return resolve(
             [
                 _resolved_layer(base, "record"),
                 environment_layer(environ),
+                Layer("live", carried, dict.fromkeys(carried, "live (set on the box)")),
                 cli_layer(overrides, "set", where="--set"),
                 Layer("restart", owned),
             ]
@@ -105,7 +123,11 @@ def restarted_config(
         raise OverrideError("bad_override", str(exc)) from None
 
 
-def changed_options(new: ResolvedConfig, old: ResolvedConfig) -> dict[str, dict[str, Any]]:
-    """What the operator changed (restart reports its own run id and resume point apart)."""
+def changed_options(
+    new: ResolvedConfig, old: ResolvedConfig, carried: Mapping[str, int] | None = None
+) -> dict[str, dict[str, Any]]:
+    """What the operator's overrides changed (restart reports its own run id and resume
+    point, and the live settings it carried, apart)."""
     changed = new.config.changed_from(old.config)
-    return {k: v for k, v in changed.items() if k not in RESTART_OWNED}
+    apart = set(RESTART_OWNED) | set(carried or ())
+    return {k: v for k, v in changed.items() if k not in apart}

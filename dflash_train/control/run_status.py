@@ -1,5 +1,5 @@
-"""What a run directory says about its run: running, finished, crashed, stalled or not
-started, judged from the run lock (liveness), the stream's tail and run.json."""
+"""What a run directory says about its run: running, finished, stopped, crashed, stalled or
+not started, judged from the run lock (liveness), the stream's tail and run.json."""
 
 from __future__ import annotations
 
@@ -97,8 +97,11 @@ def run_status(
         info["state"] = "not_started"
         return info
     if facts.run_end is not None and not fresh_launch:
-        info["state"] = "finished"
-        info["reason"] = facts.run_end.get("reason")
+        # A signal (`stop`, a restart's stop, a killed trainer's run_end written by stop)
+        # is an operator's stop: resumable, not a completed run.
+        reason = facts.run_end.get("reason")
+        info["state"] = "stopped" if reason == "signal" else "finished"
+        info["reason"] = reason
         info["exit_code"] = facts.run_end.get("exit_code")
         if facts.run_end.get("reason") == "error":
             info["error_tail"] = facts.run_end.get("error_tail")

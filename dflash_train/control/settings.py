@@ -18,8 +18,16 @@ ANSWERS = ("control_applied", "control_rejected")
 
 
 def settings_in_force(run_dir: RunDir) -> dict[str, int]:
-    """The newest values the stream reports: a queue line, an applied control change, or
-    run_start's settings, whichever comes last."""
+    """The newest values the stream reports (see `reported_settings`), the defaults for
+    what it does not."""
+    _, found = reported_settings(run_dir)
+    return {**protocol.DEFAULT_SETTINGS, **found}
+
+
+def reported_settings(run_dir: RunDir) -> tuple[str | None, dict[str, int]]:
+    """(run id, values) of the newest live settings the stream's last run reports: a queue
+    line, an applied control change, or run_start's settings, whichever comes last; no
+    values when it reports none."""
     run: str | None = None
     for raw in reversed(tail_lines(run_dir.status, 1 << 20)):
         env = read_envelope(raw)
@@ -40,8 +48,8 @@ def settings_in_force(run_dir: RunDir) -> dict[str, int]:
         found = {k: v for k, v in values.items() if k in protocol.LIVE_SETTINGS}
         found = {k: v for k, v in found.items() if type(v) is int}
         if found:
-            return {**protocol.DEFAULT_SETTINGS, **found}
-    return dict(protocol.DEFAULT_SETTINGS)
+            return run, found
+    return run, {}
 
 
 def _answer(follower: StreamFollower, rev: int) -> protocol.StatusLine | None:

@@ -17,9 +17,10 @@ from dflash_train.protocol import Reply, StatusLine
 from dflash_tui.sources.alerts import AlertTracker
 from dflash_tui.sources.backoff import Backoff
 from dflash_tui.sources.host_link import HostKey, HostLink, TransportFactory, default_transport
+from dflash_tui.sources.pace import eta_s
 from dflash_tui.sources.profiles import Profile
 from dflash_tui.sources.session import Session
-from dflash_tui.sources.state import STALL_AFTER_S, RunState
+from dflash_tui.sources.state import END_STATES, STALL_AFTER_S, RunState
 
 # How far before the stream's end a row's tail starts: enough lines for a rate (ETA), a
 # GPU tick and the latest metrics.
@@ -35,8 +36,9 @@ BADGE_ORDER = {
     "unreachable": 2,
     "running": 3,
     "connecting": 4,
-    "finished": 5,
-    "no run": 6,
+    "stopped": 5,
+    "finished": 6,
+    "no run": 7,
 }
 
 
@@ -165,8 +167,11 @@ class FleetRow:
             return "unreachable"
         state = self.state
         status = self.status
-        if state.end is not None and state.run_id == (status or {}).get("run_id"):
-            return "crashed" if state.end["reason"] == "error" else "finished"
+        if state.run_id == (status or {}).get("run_id"):
+            if state.end is not None:
+                return END_STATES.get(state.end["reason"], "finished")
+            if state.crashed_by_status:
+                return "crashed"  # the box's tail saw the trainer go without a run_end
         if status is None:
             if self.status_error is None:
                 return "connecting"
@@ -176,8 +181,8 @@ class FleetRow:
             return "no run"
         if verdict == "finished":
             return "crashed" if status.get("reason") == "error" else "finished"
-        if verdict == "crashed":
-            return "crashed"
+        if verdict in ("crashed", "stopped"):
+            return verdict
         age = self.age(now)
         return "stalled" if age is not None and age > STALL_AFTER_S else "running"
 
@@ -200,7 +205,8 @@ class FleetRow:
             epochs=state.epochs,
             step=step,
             total_steps=total,
-            eta_s=_eta(state.steps_per_s, step, total) if badge == "running" else None,
+            # The tail rarely reaches back to run_start: the total comes from `status` then.
+            eta_s=eta_s(state.steps_per_s, step, total) if badge == "running" else None,
             ktok_s=state.latest("ktok_s"),
             loss=state.latest("loss"),
             tau=state.latest("tau"),
@@ -226,11 +232,17 @@ class FleetRow:
                 await task
 
 
-def _eta(steps_per_s: float | None, step: object, total: object) -> float | None:
-    """The tail rarely reaches back to run_start: the total comes from `status` then."""
-    if not steps_per_s or not isinstance(step, int) or not isinstance(total, int):
-        return None
-    return max(0.0, (total - step) / steps_per_s)
+def _heldout_tau(state: RunState, status: Mapping[str, Any]) -> float | None:
+    """The newest held-out tau: the stream's, else (its eval event lies before the tail the
+    row follows) the newest scored checkpoint's in `status`, else the training tau."""
+    if state.heldout is not None:
+        return state.heldout.tau
+    listed = status.get("checkpoint_list")
+    # The box lists a finite number or null (checkpoint/heldout_score.py reads it so).
+    scored = [c for c in listed or () if isinstance(c, Mapping) and c.get("tau") is not None]
+    if scored:
+        return float(max(scored, key=lambda c: c.get("step") or 0)["tau"])
+    return state.latest("tau")
 
 
 class HostWatch:

@@ -22,6 +22,7 @@ from dflash_train.protocol import (
     Reply,
     StatusLine,
 )
+from dflash_tui.sources.pace import SegmentPace, eta_s
 from dflash_tui.sources.run_history import RECENT_GPU_ROWS, RowGroup, RunHistory, SeriesView
 
 STEP_METRICS = ("loss", "acc", "tau", "ktok_s", "lr", "grad_norm")
@@ -32,8 +33,8 @@ GPU_HISTORY_VALUES = ("util", "power_w")
 CHECKPOINTS_KEPT = 2000
 _step_values = operator.itemgetter(*STEP_METRICS)
 STALL_AFTER_S = 60.0
-# Steps used for the rate behind the ETA: recent enough to follow a changed speed.
-RATE_WINDOW = 50
+# run_end reason -> the run's state: a signal is an operator's stop (resumable).
+END_STATES = {"completed": "finished", "signal": "stopped", "error": "crashed"}
 _SETTING_IN_MESSAGE = re.compile(r"\b(" + "|".join(LIVE_SETTINGS) + r")\s*[=:]\s*(\d+)")
 
 Series = deque[tuple[float, float]]
@@ -123,7 +124,7 @@ class RunState:
         self.last_arrival: float | None = None
         self.crashed_by_status = False
         self.lines_applied = 0
-        self._step_times: deque[tuple[int, float]] = deque(maxlen=RATE_WINDOW)
+        self.pace = SegmentPace()
 
     # -----------------------------------------------------------------------------------
     # Reducing
@@ -188,6 +189,8 @@ class RunState:
             self.step = start_step
         resumed = bool(line.get("resumed_from")) or bool(start_step)
         self.history.mark("resume" if resumed else "start", self.step or 0, line.t)
+        if not line.get("history"):
+            self.pace.restart()  # the ETA follows this segment's pace only
 
     def _apply_prepare(self, line: StatusLine) -> None:
         self.prepare = line
@@ -204,7 +207,7 @@ class RunState:
         self._step_rows.add(step, line.t, values)
         if not fields.get("history"):
             # Decimated history points are too sparse for a rate; live steps are not.
-            self._step_times.append((step, line.t))
+            self.pace.add(step, line.t)
 
     def _apply_queue(self, line: StatusLine) -> None:
         fields = line.fields
@@ -350,7 +353,7 @@ class RunState:
 
     def state_at(self, now: float | None = None) -> str:
         if self.end is not None:
-            return "crashed" if self.end["reason"] == "error" else "finished"
+            return END_STATES.get(self.end["reason"], "finished")
         if self.crashed_by_status:
             return "crashed"
         if self.last_arrival is None:
@@ -362,7 +365,7 @@ class RunState:
 
     @property
     def run_state(self) -> str:
-        """running | finished | crashed | stalled | not_started (protocol.RUN_STATES)."""
+        """running | finished | stopped | crashed | stalled | not_started (RUN_STATES)."""
         return self.state_at()
 
     @property
@@ -371,19 +374,14 @@ class RunState:
 
     @property
     def steps_per_s(self) -> float | None:
-        if len(self._step_times) < 2:
-            return None
-        (s0, t0), (s1, t1) = self._step_times[0], self._step_times[-1]
-        if t1 <= t0 or s1 <= s0:
-            return None
-        return (s1 - s0) / (t1 - t0)
+        return self.pace.steps_per_s
 
     @property
     def eta_s(self) -> float | None:
-        rate = self.steps_per_s
-        if rate is None or self.total_steps is None or self.step is None or self.end:
+        """Only a running run has one: a stopped, crashed or stalled one is not going."""
+        if self.run_state != "running":
             return None
-        return max(0.0, (self.total_steps - self.step) / rate)
+        return eta_s(self.steps_per_s, self.step, self.total_steps)
 
     def since(self, span_s: float | None) -> float | None:
         """Start time of the newest `span_s` seconds of the run; None (whole run) for None."""

@@ -14,6 +14,8 @@ BADGE_STYLE = {
     "running": "success",
     "preparing": "success",
     "finished": "primary",
+    "stopped": "secondary",
+    "restarting": "warning",
     "crashed": "error",
     "stalled": "warning",
     "not_started": "secondary",

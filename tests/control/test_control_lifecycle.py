@@ -224,7 +224,7 @@ def test_stop_escalates_to_kill_for_a_trainer_that_cannot_take_term(run_dir: Pat
     assert reply.data["stopped_by"] == "kill" and reply.data["exit_code"] == 137
     assert not lock_is_held(run_dir / "run.lock")
     _, status = cli("status", str(run_dir))
-    assert status.data["state"] == "finished" and status.data["reason"] == "signal"
+    assert status.data["state"] == "stopped" and status.data["reason"] == "signal"
     rc, reply = cli("stop", str(run_dir))
     assert rc == 1 and reply.error_code == "not_running"
 
@@ -263,4 +263,4 @@ def test_fresh_restart_then_stop_by_term(run_dir: Path) -> None:
     new_run = reply.data["run_id"]  # in the fresh run's own folder
     assert (run_dir / "checkpoints" / new_run / f"step_{reply.data['step']:07d}").is_dir()
     _, status = cli("status", str(run_dir))
-    assert status.data["state"] == "finished" and status.data["reason"] == "signal"
+    assert status.data["state"] == "stopped" and status.data["reason"] == "signal"

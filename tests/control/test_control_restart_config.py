@@ -1,6 +1,7 @@
 """Restart from the run directory's recorded config: any option may be overridden
 (`--set epochs=8`), the whole new config is checked before anything stops, the reply lists
-what changed, and the trainer resumes with the changed options."""
+what changed and the live values it carried over (set on the box, over the launch's own
+arguments), and the trainer resumes with them."""
 
 from __future__ import annotations
 
@@ -121,7 +122,7 @@ def test_restart_set_applies_any_option_on_resume_and_refuses_before_stopping(
     run_dir = run_dirs("run")
     rc, launched = cli(
         "launch", str(run_dir), "--wait", "180", *trainer_env_args(), "--",
-        *TINY_RUN, "--data-dir", str(prepared_data_dir), timeout=240,
+        *TINY_RUN, "--data-dir", str(prepared_data_dir), "--hs-min-ready", "3", timeout=240,
     )  # fmt: skip
     assert rc == 0 and launched.ok, launched
     # The trainer runs exactly what the run dir records.
@@ -143,6 +144,9 @@ def test_restart_set_applies_any_option_on_resume_and_refuses_before_stopping(
         assert rc == 1 and refused.error_code == code and words in (refused.error or ""), refused
         assert lock_is_held(run_dir / "run.lock") and read_json(run_dir / "run.json")["pid"] == pid
     assert read_json(run_dir / "config.json") == recorded
+    # A value set live survives the restart, over the launch's explicit --hs-min-ready 3.
+    rc, live = cli("set", str(run_dir), "hs_min_ready", "5", timeout=120)
+    assert rc == 0 and live.ok, live
 
     rc, back = cli(
         "restart", str(run_dir), "--wait", "180",
@@ -156,6 +160,8 @@ def test_restart_set_applies_any_option_on_resume_and_refuses_before_stopping(
         "lr": {"from": 6e-4, "to": 1e-4},
     }
     assert "; changed epochs 1000→7, max_steps unset→30, lr 0.0006→0.0001" in back.data["message"]
+    assert back.data["carried"] == {"hs_min_ready": {"from": 3, "to": 5}}
+    assert "; kept live hs_min_ready 5 (recorded 3)" in back.data["message"]
     assert back.data["train_args"][-2:] == ["--resume-from", "latest"]
     again = read_json(run_dir / "config.json")
     assert again["config"]["optimiser"]["epochs"] == 7 and again["sources"]["epochs"] == "set"
@@ -166,6 +172,7 @@ def test_restart_set_applies_any_option_on_resume_and_refuses_before_stopping(
     assert resumed["resumed_from"] == back.data["resumed_from"]
     assert 0 < resumed["start_step"] < 30, "stopped too late to see the new max_steps"
     assert (resumed["config"]["epochs"], resumed["config"]["lr"]) == (7, 1e-4)
+    assert resumed["config"]["hs_min_ready"] == 5 and again["sources"]["hs_min_ready"] == "live"
     assert resumed["total_steps"] == 30 and first["total_steps"] > 30
     # The new peak lr is the one trained with (the checkpoint carried the old one).
     before = [x["lr"] for x in lines[starts[0] : starts[-1]] if x.kind == "step"]

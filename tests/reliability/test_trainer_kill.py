@@ -137,4 +137,4 @@ async def test_sigkill_mid_step_then_mid_checkpoint_resumes_from_last_complete(
         resumed_at,
         STALL_AT - 2,
     ]
-    assert box.status(run_dir).data["state"] == "finished"
+    assert box.status(run_dir).data["state"] == "stopped"  # by `stop`: resumable

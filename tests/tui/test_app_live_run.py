@@ -68,7 +68,7 @@ async def test_launch_set_and_stop_a_real_run(tmp_path: Path, tiny_data: Path) -
             assert any(n.text.startswith("stopped: run ") for n in app.notes)
             await wait_until(pilot, lambda: app.state.end is not None, timeout=60)
             assert app.state.end["reason"] == "signal"
-            await wait_until(pilot, lambda: "FINISHED" in str(header.render()))
+            await wait_until(pilot, lambda: "STOPPED" in str(header.render()))
     finally:
         # Never leave a trainer behind, whatever failed above.
         subprocess.run(

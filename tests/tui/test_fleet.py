@@ -68,8 +68,14 @@ async def test_rows_trouble_first_and_filter(local_fleet_dirs: dict[str, Path]) 
         async with app.run_test(size=(180, 20)) as pilot:
 
             def settled() -> bool:
+                # A pace (the ETA) needs two live steps; at step 0 there is none yet.
                 views = by_name(fleet.views())
-                return views["live"].hottest_c is not None and views["old"].badge == "crashed"
+                live = views["live"]
+                return (
+                    live.hottest_c is not None
+                    and live.eta_s is not None
+                    and views["old"].badge == "crashed"
+                )
 
             await wait_until(pilot, settled)
             views = by_name(fleet.views())
@@ -145,7 +151,9 @@ async def test_enter_opens_the_dashboard_read_only_and_escape_comes_back(
             if isinstance(app, FleetApp):
                 if seen:
                     await wait_until(pilot, lambda: "live" in table_names(app))
-                    assert fleet.rows["live"].follow is not None  # its own tail again
+                    # Its own tail again: at once, or at the host loop's next round when
+                    # the resume found the row's status between polls.
+                    await wait_until(pilot, lambda: fleet.rows["live"].follow is not None)
                     seen.append(f"fleet again at {app.screen.selected()}")
                     await pilot.press("q")
                     return

@@ -111,7 +111,7 @@ async def test_real_run_over_ssh(
 
         reply = await session.stop(timeout=60)
         assert reply.ok, reply
-        await wait_for(lambda: state.run_state == "finished", 60, "run_end")
+        await wait_for(lambda: state.run_state == "stopped", 60, "run_end")
         assert state.end is not None and state.end["reason"] == "signal"
     finally:
         if follow is not None:
