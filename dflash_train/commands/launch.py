@@ -125,12 +125,15 @@ def _reply(args: argparse.Namespace) -> protocol.Reply:
     if args.prepare:
         from dflash_train.control.launch import launch_prepare
 
+        # `-- PREPARE_ARGS -- TRAIN_ARGS`: prepare, then train on its data in one launch.
+        cut = train_args.index("--") if "--" in train_args else len(train_args)
         return launch_prepare(
             RunDir.at(args.run_dir),
-            train_args,
+            train_args[:cut],
             env=env,
             wait_s=args.wait,
             env_file=args.env_file,
+            train_args=train_args[cut + 1 :] if cut < len(train_args) else None,
         )
     return launch_run(
         RunDir.at(args.run_dir),

@@ -121,6 +121,13 @@ class PrepareConfig:
         "the samples answered by then are written, the reply counts the rest",
         above=0.0,
     )
+    then_train: bool = option(
+        "bool",
+        False,
+        "once every chunk is written, start the training run RUN_DIR's config.json records "
+        "(`launch RUN_DIR --prepare -- PREPARE_ARGS -- TRAIN_ARGS` sets it); a failed or "
+        "stopped prepare never starts it",
+    )
     run_dir: str | None = option(
         "str",
         None,
@@ -157,6 +164,8 @@ class PrepareConfig:
                 raise PrepareError(f"{flag_name(name)}: {value} {reason}")
             if reason:
                 raise PrepareError(f"{flag_name(name)}: {reason}")
+        if self.then_train and self.run_dir is None:
+            raise PrepareError("then-train: needs --run-dir (launch --prepare sets both)")
         parent = Path(self.out).absolute().parent
         if not parent.is_dir():
             raise PrepareError(f"out: parent directory {parent} does not exist")

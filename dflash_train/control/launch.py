@@ -140,6 +140,7 @@ class Started:
     log_offset: int
     baseline_seq: int
     started_at: float
+    mode: str = "train"  # or "prepare" (launch --prepare)
 
 
 def _start(
@@ -151,6 +152,7 @@ def _start(
     argv: list[str] | None = None,
 ) -> Started:
     """`argv`: what to run instead of the trainer (a launched prepare)."""
+    mode = "prepare" if argv is not None and "prepare" in argv[3:4] else "train"
     if argv is None:
         # The trainer runs exactly the config the run dir records (written just before).
         argv = [sys.executable, "-m", "dflash_train", "train", "--output-dir", str(run_dir.root)]
@@ -181,7 +183,7 @@ def _start(
             "pgid": proc.pid,  # start_new_session: the trainer leads its own group
             "argv": argv,
             "train_args": list(train_args),
-            "mode": "prepare" if argv[3] == "prepare" else "train",
+            "mode": mode,
             "env": redacted(env),
             # Only the file's path: its values are read again on the box at each start.
             "env_file": env_file,
@@ -192,7 +194,7 @@ def _start(
             **checkpoint_layout.run_layout(run_dir.root, run_id),
         },
     )
-    return Started(proc, run_id, log_offset, baseline, started_at)
+    return Started(proc, run_id, log_offset, baseline, started_at, mode)
 
 
 def _record_outcome(run_dir: RunDir, outcome: str) -> None:
@@ -225,6 +227,7 @@ def _verify(run_dir: RunDir, started: Started, wait_s: float) -> protocol.Reply:
             "pid": proc.pid,
             "pgid": proc.pid,
             "run_dir": str(run_dir.root),
+            "mode": started.mode,
             "seconds": round(time.time() - started.started_at, 2),
         }
         if facts.run_start is not None and (held or code == 0):
@@ -335,6 +338,17 @@ def launch_run(
         )
 
 
+def _prepare_out(prepare_args: Sequence[str]) -> str:
+    """The --out of prepare's arguments (already checked), as an absolute path."""
+    import argparse
+
+    from dflash_train.config.prepare_cli import add_prepare_arguments
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_prepare_arguments(parser)
+    return str(Path(parser.parse_args(list(prepare_args)).out).absolute())
+
+
 def launch_prepare(
     run_dir: RunDir,
     prepare_args: Sequence[str],
@@ -342,9 +356,13 @@ def launch_prepare(
     env: Mapping[str, str],
     wait_s: float,
     env_file: str | None = None,
+    train_args: Sequence[str] | None = None,
 ) -> protocol.Reply:
     """`launch RUN_DIR --prepare -- PREPARE_ARGS`: `prepare --run-dir RUN_DIR` started like a
-    trainer (its own session, train.log, run.json, the run lock, verified by its run_start)."""
+    trainer (its own session, train.log, run.json, the run lock, verified by its run_start).
+    With `train_args` (`-- PREPARE_ARGS -- TRAIN_ARGS`), the training config is resolved and
+    recorded now (its data dir, prepare's --out unless given, may not exist yet) and the
+    prepare process becomes that trainer once its data is complete."""
     from dflash_train.config.prepare_cli import check_args
 
     problem = check_args(prepare_args)
@@ -364,6 +382,13 @@ def launch_prepare(
             run_id = {**file_env, **env}.get("DFLASH_RUN_ID") or uuid.uuid4().hex[:12]
             argv = [sys.executable, "-m", "dflash_train", "prepare", *prepare_args]
             argv += ["--run-dir", str(run_dir.root)]
+            if train_args is not None:
+                words = list(train_args)
+                if not any(w == "--data-dir" or w.startswith("--data-dir=") for w in words):
+                    words += ["--data-dir", _prepare_out(prepare_args)]
+                config = resolve_launch_config(run_dir, words, {**file_env, **env})
+                write_run_config(run_dir, with_values(config, "launch", run_id=run_id))
+                argv.append("--then-train")
             started = _start(run_dir, run_id, prepare_args, env, env_file, argv=argv)
             return _verify(run_dir, started, wait_s)
     except PreflightError as exc:

@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 import uuid
 from collections.abc import Callable
@@ -31,15 +32,21 @@ def _on_signal(signum: int, _frame: Any) -> None:
     raise Stopped(signal.Signals(signum).name)
 
 
-def _gpu_lines(writer: StatusWriter, devices: tuple[str, ...], done: threading.Event) -> None:
-    from dflash_train.gpu_telemetry import sample_gpus
-
+def _beside(writer: StatusWriter, devices: tuple[str, ...], done: threading.Event) -> None:
+    """Every GPU_EVERY_S: the GPUs' load as `gpu` lines, and a heartbeat when nothing else
+    was written for that long (a CPU batch can take minutes between progress lines)."""
     roles = {int(d.split(":")[1]): "prepare" for d in devices if d.startswith("cuda:")}
+    gpus = bool(roles)
     while not done.wait(GPU_EVERY_S):
-        sample = sample_gpus(roles, processes=False)
-        if not sample["available"]:
-            return
-        writer.write("gpu", available=True, gpus=sample["gpus"])
+        if gpus:
+            from dflash_train.gpu_telemetry import sample_gpus
+
+            sample = sample_gpus(roles, processes=False)
+            gpus = bool(sample["available"])
+            if gpus:
+                writer.write("gpu", available=True, gpus=sample["gpus"])
+        if time.monotonic() - writer.last_write >= GPU_EVERY_S:
+            writer.write("heartbeat")
 
 
 def run_under_control(
@@ -71,8 +78,7 @@ def run_under_control(
             pid=os.getpid(),
             host=socket.gethostname(),
         )
-        if any(d.startswith("cuda:") for d in devices):
-            threading.Thread(target=_gpu_lines, args=(writer, devices, done), daemon=True).start()
+        threading.Thread(target=_beside, args=(writer, devices, done), daemon=True).start()
         try:
             info = body(writer)
         except Stopped as exc:
@@ -100,7 +106,20 @@ def run_under_control(
             samples=info["stats"]["samples"],
             answer_tokens_per_s=info["answer_tokens_per_s"],
         )
-        return info
     finally:
         done.set()
         writer.close()
+    if config.then_train:
+        _become_the_trainer(run_dir)
+    return info
+
+
+def _become_the_trainer(run_dir: RunDir) -> None:
+    """The data is complete: this process (run.json's pid, its process group, $DFLASH_RUN_ID)
+    becomes the trainer of the config launch recorded. The run lock's descriptor closes on
+    exec; the trainer takes the lock again as it starts."""
+    argv = [sys.executable, "-m", "dflash_train", "train", "--output-dir", str(run_dir.root)]
+    argv += ["--config", str(run_dir.config)]
+    print("prepare complete: starting the training run", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os.execv(sys.executable, argv)
