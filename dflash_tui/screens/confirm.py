@@ -13,9 +13,14 @@ from textual.widgets import Button, Static
 
 
 class ConfirmDialog(ModalScreen[bool]):
+    """Enter presses the focused button: the yes button for a dialog that asks for what the
+    operator just asked for (a launch after filling its form), Cancel for a dangerous one
+    (stop), so a stray Enter never stops a run. The hint line says which."""
+
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "no", "Cancel"),
         Binding("y", "yes", "Yes", show=False),
+        Binding("n", "no", "No", show=False),
     ]
 
     def __init__(self, title: str, body: str, *, yes_label: str = "Yes", danger: bool = False):
@@ -29,13 +34,19 @@ class ConfirmDialog(ModalScreen[bool]):
         with Vertical(classes="dialog confirm-dialog"):
             yield Static(self.title_text, classes="dialog-title")
             yield Static(self.body, classes="dialog-body", markup=False)
+            yield Static(self.hint(), classes="dialog-hint", markup=False)
             with Horizontal(classes="dialog-buttons"):
                 variant = "error" if self.danger else "primary"
                 yield Button(self.yes_label, id="yes", variant=variant)
                 yield Button("Cancel", id="no")
 
+    def hint(self) -> str:
+        if self.danger:
+            return f"y: {self.yes_label}   n, Esc or Enter: Cancel"
+        return f"y or Enter: {self.yes_label}   n or Esc: Cancel"
+
     def on_mount(self) -> None:
-        self.query_one("#no", Button).focus()
+        self.query_one("#no" if self.danger else "#yes", Button).focus()
 
     @on(Button.Pressed, "#yes")
     def action_yes(self) -> None:

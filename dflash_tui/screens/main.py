@@ -209,4 +209,7 @@ class MainScreen(Screen[None]):
             if value is not None:
                 self.console.send_min_ready(value)
 
-        self.app.push_screen(MinReadyPrompt(self.console.live_settings()), go)
+        saved = self.console.options.remember is not None
+        self.app.push_screen(
+            MinReadyPrompt(self.console.live_settings(), saved_in_profile=saved), go
+        )

@@ -25,17 +25,17 @@ def check_min_ready(text: str, current: Mapping[str, int]) -> int:
 class MinReadyPrompt(ModalScreen[int | None]):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, current: Mapping[str, int]) -> None:
+    def __init__(self, current: Mapping[str, int], *, saved_in_profile: bool = False) -> None:
         super().__init__()
         self.current = {**protocol.DEFAULT_SETTINGS, **current}
+        self.saved_in_profile = saved_in_profile
 
     def compose(self) -> ComposeResult:
         value, depth = self.current[KEY], self.current["hs_queue_depth"]
         with Vertical(classes="dialog min-ready-dialog"):
             yield Static("hs_min_ready", classes="dialog-title")
             yield Static(
-                f"now {value}; allowed 1..{depth} (hs_queue_depth={depth}). "
-                "Applied live; kept in the profile for the next restart.",
+                f"now {value}; allowed 1..{depth} (hs_queue_depth={depth}). " + self.outcome(),
                 classes="dialog-body",
             )
             yield Input(str(value), id="value", type="text")
@@ -43,6 +43,14 @@ class MinReadyPrompt(ModalScreen[int | None]):
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Apply", id="submit", variant="primary")
                 yield Button("Cancel", id="cancel")
+
+    def outcome(self) -> str:
+        """What happens to the value: the box keeps live values over a restart (restart's
+        `carried`); a profile, when there is one, also keeps it for the next launch."""
+        text = "Applied live; a restart of this run keeps it (the box carries it over)."
+        if self.saved_in_profile:
+            text += " Also saved in the profile, as the launch form's default."
+        return text
 
     def show_error(self, message: str) -> None:
         error = self.query_one("#value-error", Static)
