@@ -13,6 +13,7 @@
 #   carry .weights_decode/gguf/part-1 (within the 30 s the machine stays warm):
 #       bash bench/scripts/decode_session.sh measure
 # Results under $OUT: eval_float32.json, eval_bfloat16.json, decode_speed.json, log.txt.
+# DTYPES="bfloat16" SPEED=0: the bfloat16 eval alone (about 2 minutes after the carry).
 set -uo pipefail
 OUT=${OUT:-/tmp/decode_out}
 mkdir -p "$OUT"
@@ -49,13 +50,14 @@ stage_measure() {
   target_ready || { log "no target"; return 1; }
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv >>"$OUT/log.txt"
   local dtype
-  for dtype in float32 bfloat16; do
+  for dtype in ${DTYPES:-float32 bfloat16}; do
     log "eval $dtype"
     timeout -k 5 200 python3 -m dflash_train eval --target-model smollm2 --drafter "$EXPORT" \
       --prompts builtin --max-prompts 40 --max-new-tokens 256 --device cuda:0 \
       --dtype "$dtype" --block-size 16 >"$OUT/eval_$dtype.json" 2>>"$OUT/log.txt"
     log "eval $dtype rc $?: $(cut -c1-600 "$OUT/eval_$dtype.json")"
   done
+  [ "${SPEED:-1}" = 0 ] && return 0
   log "decode_speed"
   timeout -k 5 120 python3 bench/decode_speed.py --target-model smollm2 --device cuda:0 \
     --spec-only --spec-dtype float32 --spec-dtype bfloat16 --drafter "$EXPORT" \
