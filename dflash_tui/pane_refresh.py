@@ -170,6 +170,8 @@ def header_facts(app: DflashApp, now: float) -> HeaderFacts:
         eta_s=state.eta_s,
         age_s=state.last_line_age(now),
         wandb_url=app.wandb_url,
+        heldout_tau=None if state.heldout is None else state.heldout.tau,
+        heldout_step=None if state.heldout is None else state.heldout.step,
     )
 
 

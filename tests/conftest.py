@@ -13,6 +13,7 @@ SMOLLM2_SPEC = "smollm2"
 # Small enough to generate in ~15 s on 2 cores, long enough for 16-token blocks.
 PREPARED_SAMPLES = 24
 PREPARED_NEW_TOKENS = 48
+PREPARED_HELDOUT = 2
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +42,8 @@ def prepared_data_dir(
     tmp_path_factory: pytest.TempPathFactory, smollm2_target: Path, smollm2_spec: str
 ) -> Path:
     """A dataset directory written by the real prepare with SmolLM2: 24 greedy answers of up
-    to 48 tokens to built-in train prompts, in 2 shards, with prepare.json. Treat it as
+    to 48 tokens to built-in train prompts, in 2 shards, with prepare.json, and heldout.jsonl
+    (2 built-in eval prompts and their answers). Treat it as
     read-only; copy it to damage it."""
     from dflash_train.data.prepare import PrepareConfig, prepare_dataset
 
@@ -57,6 +59,9 @@ def prepared_data_dir(
         # prompts of different lengths still share it (the same rows as batches of 8).
         batch_size=PREPARED_SAMPLES,
         num_shards=2,
+        # Two built-in eval prompts answered into heldout.jsonl (the held-out tests decode
+        # both): a few seconds, where the default 40 would double the fixture's time.
+        heldout=PREPARED_HELDOUT,
     )
     import torch
 

@@ -72,6 +72,14 @@ class PrepareConfig:
     )
     temperature: float = option("float", 0.0, "0 = greedy", minimum=0.0)
     seed: int = option("int", 0, "seeds sampling and the --samples order")
+    heldout: int | None = option(
+        "int",
+        None,
+        "prompts held out of training, answered into OUT/heldout.jsonl for the run's "
+        "evaluations (default: 2 % of the prompts, at most 64; with builtin, its eval split)",
+        minimum=0,
+        metavar="N",
+    )
     devices: str | None = option(
         "str",
         None,

@@ -10,6 +10,7 @@ without input_ids give prompts only) or `builtin` (the built-in eval split, prom
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -134,17 +135,44 @@ def select_heldout(conversations: Sequence[Conversation], count: int, seed: int)
     return sorted(int(i) for i in order[:count])
 
 
-def heldout_conversations(
-    specs: Sequence[str], loaded: Sequence[Conversation], requested: int | None, seed: int
-) -> tuple[list[Conversation], set[int]]:
-    """What prepare holds out, and which of the `loaded` training conversations that takes
-    away: with a `builtin` source, the built-in eval split (its first N; none of it is in
-    the train split); otherwise N of the loaded conversations, which training then skips."""
+def split_off_heldout(
+    specs: Sequence[str],
+    conversations: Sequence[Conversation],
+    sources: Sequence[Any],
+    requested: int | None,
+    seed: int,
+) -> tuple[list[Conversation], list[Conversation], list[Any]]:
+    """What prepare holds out, and the training conversations and sources (prepare's
+    Source: start and count into the list) without it. With a `builtin` source, the
+    built-in eval split (its first N, at most HELDOUT_MAX by default; none of it is in the
+    train split); otherwise N of the loaded conversations, which training then never sees."""
     if BUILTIN in (spec.split("*")[0] for spec in specs):
         split = load_conversations(BUILTIN, "eval")
-        return split[: HELDOUT_MAX if requested is None else requested], set()
-    chosen = select_heldout(loaded, heldout_count(requested, len(loaded)), seed)
-    return [loaded[i] for i in chosen], set(chosen)
+        return (
+            split[: HELDOUT_MAX if requested is None else requested],
+            list(conversations),
+            list(sources),
+        )
+    taken = set(select_heldout(conversations, heldout_count(requested, len(conversations)), seed))
+    kept: list[Conversation] = []
+    kept_sources = []
+    for source in sources:
+        items = [
+            conversations[i]
+            for i in range(source.start, source.start + source.count)
+            if i not in taken
+        ]
+        kept_sources.append(dataclasses.replace(source, start=len(kept), count=len(items)))
+        kept += items
+    return [conversations[i] for i in sorted(taken)], kept, kept_sources
+
+
+def prompts_text(conversations: Sequence[Conversation]) -> str:
+    """The held-out prompts as JSON lines (prepare keeps them in its work dir until the end)."""
+    return "".join(
+        json.dumps({"messages": [m.as_dict() for m in c]}, ensure_ascii=False) + "\n"
+        for c in conversations
+    )
 
 
 def answer_heldout(
@@ -153,25 +181,30 @@ def answer_heldout(
     *,
     max_new_tokens: int,
     batch_size: int,
+    stop_ids: Sequence[int],
 ) -> str:
     """The target's greedy answer to each held-out conversation, as heldout.jsonl text."""
+    from dflash_train.data.chat_tokens import encode, render
     from dflash_train.data.generation import generate_rows, generate_rows_hf
-    from dflash_train.data.prepare import conversation_prompt_ids, stop_token_ids
     from dflash_train.decode.cached_target import CachedTarget, supports
 
     tokenizer = target.tokenizer
-    stops = stop_token_ids(target)
     runner = CachedTarget(target) if supports(target) else None
-    prompts = [conversation_prompt_ids(tokenizer, eval_prompt(c)) for c in conversations]
+    prompts = [
+        encode(tokenizer, render(tokenizer, eval_prompt(c), generation_prompt=True))
+        for c in conversations
+    ]
     lines = []
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start : start + batch_size]
         if runner is not None:
-            answers = generate_rows(runner, batch, max_new_tokens=max_new_tokens, stop_ids=stops)
+            answers = generate_rows(runner, batch, max_new_tokens=max_new_tokens, stop_ids=stop_ids)
         else:
-            answers = generate_rows_hf(target, batch, max_new_tokens=max_new_tokens, stop_ids=stops)
+            answers = generate_rows_hf(
+                target, batch, max_new_tokens=max_new_tokens, stop_ids=stop_ids
+            )
         for offset, (prompt, answer) in enumerate(zip(batch, answers, strict=True)):
-            body = answer[:-1] if answer and answer[-1] in stops else answer
+            body = answer[:-1] if answer and answer[-1] in stop_ids else answer
             lines.append(
                 heldout_line(
                     conversations[start + offset],

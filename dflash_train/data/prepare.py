@@ -30,6 +30,13 @@ from dflash_train.data.chat_tokens import (
 )
 from dflash_train.data.conversations import Conversation, Message, user_turn
 from dflash_train.data.generation import Progress
+from dflash_train.data.heldout import (
+    HELDOUT_FILE,
+    answer_heldout,
+    load_heldout,
+    prompts_text,
+    split_off_heldout,
+)
 from dflash_train.data.prepare_progress import PrepareProgress
 from dflash_train.data.prepare_work import Job, WorkDir, fingerprint, holding, work_dir_of
 from dflash_train.data.writer import (
@@ -49,6 +56,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["PREPARE_INFO", "PrepareConfig", "PrepareError", "token_stats", "write_dataset"]
 SYNTH_PROMPTS = "synth_prompts.jsonl"
+HELDOUT_PROMPTS = "heldout_prompts.jsonl"  # in the work dir, answered at the end
 # Repeating a prompt greedily would repeat the answer, so passes after the first sample at
 # this temperature when the user asked for greedy.
 REPEAT_TEMPERATURE = 0.7
@@ -515,16 +523,23 @@ def _plan(
         items = [_with_system(c, config.system) for c in items]
         sources.append(Source(spec, len(conversations), len(items), repeats))
         conversations.extend(items)
+    # Held out before the jobs are cut: training never sees them (data/heldout.py).
+    heldout, conversations, sources = split_off_heldout(
+        config.prompt_specs, conversations, sources, config.heldout, config.seed
+    )
     jobs = plan_jobs(conversations, sources, config.samples, config.seed)
     plan = {
         "fingerprint": fingerprint_,
         "prompt_count": len(conversations),
+        "heldout": len(heldout),
         "sources": [asdict(s) for s in sources],
         "jobs": len(jobs),
         "passes": max(job.repeat for job in jobs) + 1,
         "synthesize_seconds": round(synth_seconds, 2),
     }
     files = {SYNTH_PROMPTS: synth_text} if synth_text else {}
+    if heldout:
+        files[HELDOUT_PROMPTS] = prompts_text(heldout)
     work.write_plan(plan, jobs, config.chunk_size, files)
     plan = work.plan()
     assert plan is not None
@@ -678,6 +693,17 @@ def _prepare(
         synth = work.root / SYNTH_PROMPTS
         if synth.is_file():
             extra[SYNTH_PROMPTS] = synth.read_text(encoding="utf-8")
+        held_out = work.root / HELDOUT_PROMPTS
+        if held_out.is_file():  # answered last, by the main process's replica
+            held, _, sizing = get_target()
+            extra[HELDOUT_FILE] = answer_heldout(
+                held,
+                load_heldout(str(held_out)).prompts,
+                max_new_tokens=config.max_new_tokens,
+                batch_size=sizing.rows,
+                stop_ids=stop_token_ids(held),
+            )
+        info["heldout"] = plan.get("heldout", 0)
         merge_parts(
             [work.part_dir(c) for c in sorted(done)], config.out, info, config.num_shards, extra
         )

@@ -393,10 +393,13 @@ def evaluate_prompts(
     stop_ids: Sequence[int],
     block_sizes: Sequence[int] | None = None,
     static: bool = False,
+    greedy: dict[tuple[int, ...], Generation] | None = None,
 ) -> EvalSummary | list[EvalSummary]:
     """Decode every prompt greedily and speculatively (batch 1, one after the other, timed)
     and compare. With `block_sizes`, one summary per block size (greedy decoded once).
-    `static`: Decoder's, for the CPU (CUDA decides on the device anyway)."""
+    `static`: Decoder's, for the CPU (CUDA decides on the device anyway). `greedy`: plain
+    decodings kept from an earlier call with the same target (the in-run evaluation's,
+    whose target is frozen): a prompt found there is not decoded greedily again."""
     sizes = list(block_sizes) if block_sizes else [drafter.config.block_size]
     longest = max(len(p) for p in prompt_token_ids)
     capacity = longest + max_new_tokens + max(sizes) + 1
@@ -409,7 +412,13 @@ def evaluate_prompts(
     for size, view in views.items():
         warm_len = min(2 * size, max_new_tokens)
         speculative_decode(decoder, view, warm, warm_len, stop_ids, runners[size])
-    plain = [greedy_decode(decoder, p, max_new_tokens, stop_ids) for p in prompt_token_ids]
+    cache = {} if greedy is None else greedy
+    plain = []
+    for p in prompt_token_ids:
+        key = (max_new_tokens, *p)
+        if key not in cache:
+            cache[key] = greedy_decode(decoder, p, max_new_tokens, stop_ids)
+        plain.append(cache[key])
     summaries = []
     for size, view in views.items():
         spec = [

@@ -23,6 +23,7 @@ from dflash_train.checkpoint.heldout_score import write_score
 from dflash_train.data.heldout import HeldoutError, HeldoutSet, heldout_path, load_heldout
 
 if TYPE_CHECKING:
+    from dflash_train.decode.speculative import Generation
     from dflash_train.model.drafter import DFlashDrafter
     from dflash_train.training.run import TrainingRun
 
@@ -47,6 +48,8 @@ class HeldoutEvaluator:
         self.last_step: int | None = None
         self._prompt_ids: list[list[int]] | None = None
         self._drafter: DFlashDrafter | None = None
+        # The frozen target's plain greedy decodings, made at the first evaluation only.
+        self._greedy: dict[tuple[int, ...], Generation] = {}
         self.enabled = self.every != 0 and run.rank.is_main
 
     def load(self) -> None:
@@ -126,7 +129,12 @@ class HeldoutEvaluator:
             self._prompt_ids = [conversation_prompt_ids(target.tokenizer, c) for c in chosen]
         drafter = self._weights_now()
         summary = evaluate_prompts(
-            target, drafter, self._prompt_ids, self.tokens, stop_token_ids(target)
+            target,
+            drafter,
+            self._prompt_ids,
+            self.tokens,
+            stop_token_ids(target),
+            greedy=self._greedy,
         )
         assert not isinstance(summary, list)
         max_length = self.run.config.model.max_length

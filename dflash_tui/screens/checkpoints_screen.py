@@ -1,9 +1,11 @@
 """The checkpoints screen (`c`): every checkpoint of the run, from the stream's `checkpoint`
 lines and from the box's own listing (`dflash-train status`): step, when, size, how long
-the save took, and whether it is complete, still on disk or pruned."""
+the save took, its held-out tau (the box's eval.json, else the stream's `eval` event) and
+whether it is complete, still on disk or pruned; the best held-out tau is marked."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,7 +20,8 @@ from textual.widgets import DataTable, Static
 
 from dflash_train.protocol import StatusLine
 
-COLUMNS = ("step", "written", "size", "save s", "state", "path")
+COLUMNS = ("step", "written", "size", "save s", "held-out τ", "state", "path")
+BEST_MARK = "★ best"
 
 
 @dataclass(frozen=True)
@@ -29,12 +32,16 @@ class CheckpointRow:
     seconds: float | None
     state: str  # complete | incomplete | pruned | saved (the box has not answered yet)
     path: str
+    tau: float | None = None
+    best: bool = False
 
     def cells(self) -> tuple[str, ...]:
         when = "–" if self.t is None else time.strftime("%m-%d %H:%M:%S", time.localtime(self.t))
         size = "–" if self.size_bytes is None else _size(self.size_bytes)
         seconds = "–" if self.seconds is None else f"{self.seconds:.1f}"
-        return (f"{self.step:,}", when, size, seconds, self.state, self.path)
+        tau = "–" if self.tau is None else f"{self.tau:.3f}"
+        state = f"{self.state} {BEST_MARK}" if self.best else self.state
+        return (f"{self.step:,}", when, size, seconds, tau, state, self.path)
 
 
 def _size(count: int) -> str:
@@ -46,11 +53,31 @@ def _size(count: int) -> str:
 
 
 def checkpoint_rows(
-    stream: Sequence[StatusLine], listed: Sequence[Mapping[str, Any]] | None
+    stream: Sequence[StatusLine],
+    listed: Sequence[Mapping[str, Any]] | None,
+    scores: Mapping[int, float] | None = None,
 ) -> list[CheckpointRow]:
     """One row per step, newest first. `listed` is the box's listing (None: not asked yet
     or not answered): a checkpoint the stream announced that the box no longer has was
-    pruned (the trainer keeps the newest K)."""
+    pruned (the trainer keeps the newest K, and the best). `scores`: the held-out tau of
+    each evaluated step from the stream; the box's own (eval.json) wins."""
+    rows = _rows(stream, listed)
+    on_box = {int(c["step"]): c for c in listed or () if isinstance(c.get("step"), int)}
+    taus = dict(scores or {})
+    taus |= {
+        s: float(c["tau"]) for s, c in on_box.items() if isinstance(c.get("tau"), (int, float))
+    }
+    if any(c.get("best") for c in on_box.values()):
+        best = next(step for step, c in on_box.items() if c.get("best"))
+    else:
+        kept = [r.step for r in rows if r.state != "pruned" and r.step in taus]
+        best = max(kept, key=lambda step: (taus[step], step)) if kept else None
+    return [dataclasses.replace(row, tau=taus.get(row.step), best=row.step == best) for row in rows]
+
+
+def _rows(
+    stream: Sequence[StatusLine], listed: Sequence[Mapping[str, Any]] | None
+) -> list[CheckpointRow]:
     on_box = {int(c["step"]): c for c in listed or () if isinstance(c.get("step"), int)}
     rows: dict[int, CheckpointRow] = {}
     for line in stream:
@@ -86,9 +113,12 @@ def _int(found: Mapping[str, Any] | None, key: str) -> int | None:
 class CheckpointsScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,c,q", "close", "Close")]
 
-    def __init__(self, stream: Sequence[StatusLine]) -> None:
+    def __init__(
+        self, stream: Sequence[StatusLine], scores: Mapping[int, float] | None = None
+    ) -> None:
         super().__init__()
         self.stream = list(stream)
+        self.scores = dict(scores or {})
         self.listed: list[Mapping[str, Any]] | None = None
         self.note = "asking the box (dflash-train status)…"
 
@@ -122,7 +152,7 @@ class CheckpointsScreen(ModalScreen[None]):
 
     @property
     def rows(self) -> list[CheckpointRow]:
-        return checkpoint_rows(self.stream, self.listed)
+        return checkpoint_rows(self.stream, self.listed, self.scores)
 
     def fill(self) -> None:
         table = self.query_one(DataTable)

@@ -129,7 +129,9 @@ class MainScreen(Screen[None]):
         self.app.push_screen(RunDetailsScreen(state.start, state.run_id))
 
     def action_checkpoints(self) -> None:
-        screen = CheckpointsScreen(self.console.state.checkpoints)
+        state = self.console.state
+        scores = {step: held.tau for step, held in state.heldout_scores.items()}
+        screen = CheckpointsScreen(state.checkpoints, scores)
         self.app.push_screen(screen)
         self.run_worker(self._list_checkpoints(screen), group="status", name="checkpoints")
 

@@ -51,6 +51,16 @@ class EventRecord:
     text: str
 
 
+@dataclass(frozen=True)
+class HeldoutTau:
+    """One held-out evaluation (an `eval` event): the step, real and teacher-forced tau."""
+
+    step: int
+    tau: float
+    tau_tf: float | None
+    lossless: bool
+
+
 def silence(sent_at: float, last_t: float, now: float) -> float:
     """How long a run had written nothing when the history's end marker was sent at
     `sent_at` (the box's clock, as `last_t`): the smaller of that and the console's own
@@ -112,6 +122,9 @@ class RunState:
         self.checkpoint: StatusLine | None = None
         self.checkpoints: deque[StatusLine] = deque(maxlen=CHECKPOINTS_KEPT)
         self.profile: StatusLine | None = None
+        # The newest held-out evaluation, and each evaluated step's (the checkpoints' scores).
+        self.heldout: HeldoutTau | None = None
+        self.heldout_scores: dict[int, HeldoutTau] = {}
         # "prepare" for a launched prepare (run_start's mode), whose `prepare` lines
         # are its progress; "train" otherwise.
         self.mode = "train"
@@ -277,10 +290,25 @@ class RunState:
         elif line["code"] == "epoch_end" and isinstance(line.get("epoch"), int):
             self.epoch = line["epoch"]
         elif line["code"] == "eval" and _is_number(line.get("tau")):
-            # A real speculative-decoding evaluation's tau, when the run records one.
-            step = line.get("step")
-            x = step if _is_number(step) else self.step or 0
-            self.history.add("eval_tau", x, line["tau"], line.t)
+            self._apply_eval(line)
+
+    def _apply_eval(self, line: StatusLine) -> None:
+        """A held-out evaluation (protocol.EVENT_CODE_FIELDS): real speculative decoding's
+        tau and the teacher-forced one, plotted against the step evaluated; the newest step
+        is the header's, and each step's is its checkpoint's score. An evaluation by hand
+        of an older checkpoint is only its score: the series run forward in steps."""
+        step = line.get("step")
+        if not isinstance(step, int):
+            return
+        tau_tf = line.get("tau_tf")
+        held = HeldoutTau(step, float(line["tau"]), tau_tf, bool(line.get("lossless")))
+        self.heldout_scores[step] = held
+        if self.heldout is not None and step < self.heldout.step:
+            return
+        self.heldout = held
+        self.history.add("eval_tau", step, held.tau, line.t)
+        if _is_number(tau_tf):
+            self.history.add("eval_tau_tf", step, tau_tf, line.t)
 
     def _apply_checkpoint(self, line: StatusLine) -> None:
         self.checkpoint = line

@@ -24,12 +24,15 @@ BADGE_STYLE = {
     "connecting": "secondary",
     "failed": "error",
     "no_run": "secondary",
+    "no_trainer": "error",
     "unknown_host_key": "warning",
     # alert causes (sources/alerts.py) name themselves in the badge
     "nan_steps": "error",
     "checkpoint_failed": "error",
     "connection_lost": "error",
 }
+# Badges whose word alone would not say what to do.
+BADGE_LABEL = {"no_trainer": "NO TRAINER (set python)"}
 STALE_AFTER_S = 30.0
 
 
@@ -51,6 +54,9 @@ class HeaderFacts:
     eta_s: float | None
     age_s: float | None
     wandb_url: str | None = None
+    # The newest held-out evaluation (an `eval` event): its tau and the step it measured.
+    heldout_tau: float | None = None
+    heldout_step: int | None = None
 
 
 class RunHeader(Static):
@@ -59,6 +65,10 @@ class RunHeader(Static):
     def show(self, facts: HeaderFacts, colours: dict[str, str]) -> None:
         # Always two lines: no layout pass needed.
         self.update(render_header(facts, colours, self.size.width or 120), layout=False)
+
+
+def badge_label(badge: str) -> str:
+    return BADGE_LABEL.get(badge) or badge.upper().replace("_", " ")
 
 
 def render_header(facts: HeaderFacts, colours: dict[str, str], width: int) -> Text:
@@ -98,7 +108,7 @@ def _top_line(facts: HeaderFacts, colours: dict[str, str], target: str, run_dir:
     top.append(facts.run_id or "–", style="bold")
     top.append("  ")
     badge_colour = colours[BADGE_STYLE.get(facts.badge, "secondary")]
-    top.append(f" {facts.badge.upper().replace('_', ' ')} ", style=f"bold reverse {badge_colour}")
+    top.append(f" {badge_label(facts.badge)} ", style=f"bold reverse {badge_colour}")
     if facts.read_only:
         top.append("  ")
         top.append(" 🔒 READ-ONLY ", style=f"bold reverse {colours['warning']}")
@@ -122,6 +132,11 @@ def _bottom_line(facts: HeaderFacts, colours: dict[str, str], bar_width: int) ->
     step = "–" if facts.step is None else f"{facts.step:,}"
     total = "" if facts.total_steps is None else f"/{facts.total_steps:,}"
     bottom.append(f"  │ step {step}{total}  │ ETA {units.duration(facts.eta_s)}  │ ")
+    if facts.heldout_tau is not None:
+        bottom.append("held-out τ ")
+        bottom.append(f"{facts.heldout_tau:.3f}", style=f"bold {colours['accent']}")
+        at = "" if facts.heldout_step is None else f" @{facts.heldout_step:,}"
+        bottom.append(f"{at}  │ ")
     if facts.age_s is None:
         bottom.append("no data yet", style="dim")
     else:

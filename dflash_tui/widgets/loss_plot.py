@@ -12,7 +12,14 @@ from textual_plotext import PlotextPlot
 from dflash_tui.sources.run_history import SeriesView
 from dflash_tui.sources.state import RunState
 from dflash_tui.widgets import units
-from dflash_tui.widgets.metric_plot import PLOTS, PlotChoice, PlotView, draw, series_names
+from dflash_tui.widgets.metric_plot import (
+    PLOTS,
+    PlotChoice,
+    PlotView,
+    draw,
+    series_label,
+    series_names,
+)
 
 PANE_NUMBER = "4"
 
@@ -43,7 +50,7 @@ class LossPane(Vertical):
     def show(self, state: RunState, view: PlotView, width: int) -> None:
         choice = self.choice
         plot = self.query_one(PlotextPlot)
-        drawn = self.drawn = draw(
+        self.drawn = draw(
             plot,
             state.history,
             choice,
@@ -62,23 +69,20 @@ class LossPane(Vertical):
         else:
             text = (
                 "   ".join(
-                    f"{_short(name)} [b]{units.number(_newest(state, name))}[/b]"
-                    for name in series_names(state.history, choice)
+                    f"{series_label(choice, name, i) or name} "
+                    f"[b]{units.number(_newest(state, name))}[/b]"
+                    for i, name in enumerate(series_names(state.history, choice))
                 )
                 or f"{choice.title}: [dim]nothing recorded yet[/dim]"
             )
-            if not drawn and choice.id == "tau":
-                text += "   [dim](no eval tau recorded)[/dim]"
+            if choice.id == "tau" and state.heldout is None:
+                text += "   [dim](no held-out evaluation yet)[/dim]"
         if modes:
             text += f"   [dim]({', '.join(modes)})[/dim]"
         # One line whatever it says: no layout pass needed.
         self.query_one(".pane-summary", Static).update(
             f"{text}   [dim]{view.label()}[/dim]", layout=False
         )
-
-
-def _short(name: str) -> str:
-    return name.removeprefix("stage.")
 
 
 def _newest(state: RunState, name: str) -> float | None:

@@ -36,7 +36,14 @@ class PlotChoice:
 PLOTS: tuple[PlotChoice, ...] = (
     PlotChoice("loss", "loss", ("loss",), smoothed=True),
     PlotChoice("acc", "accuracy", ("acc",)),
-    PlotChoice("tau", "tau", ("tau", "eval_tau"), labels=("teacher-forced", "eval")),
+    # Training tau (teacher-forced on the training batches) against the held-out
+    # evaluations' (`eval` events): real speculative decoding's and teacher-forced.
+    PlotChoice(
+        "tau",
+        "tau",
+        ("tau", "eval_tau", "eval_tau_tf"),
+        labels=("train tf", "held-out", "held-out tf"),
+    ),
     PlotChoice("grad_norm", "grad norm", ("grad_norm",)),
     PlotChoice("lr", "learning rate", ("lr",)),
     PlotChoice("ktok_s", "Ktok/s", ("ktok_s",), smoothed=True),
@@ -149,7 +156,7 @@ def draw(
             continue
         drawn[name] = series
         colour = LINE_COLOURS[i % len(LINE_COLOURS)]
-        label = _label(choice, name, i)
+        label = series_label(choice, name, i)
         xs, ys = series.envelope()
         keep = [(x, y) for x, y in zip(xs, ys, strict=True) if not log_scale or y > 0]
         if not keep:
@@ -183,7 +190,8 @@ def draw(
     return drawn
 
 
-def _label(choice: PlotChoice, name: str, i: int) -> str | None:
+def series_label(choice: PlotChoice, name: str, i: int) -> str | None:
+    """The legend's name of `choice`'s i-th series (None: the choice's title says it)."""
     if choice.labels and i < len(choice.labels):
         return choice.labels[i]
     if name.startswith("stage."):

@@ -18,7 +18,7 @@ from train_process import run_train, status_lines, train_argv
 
 from dflash_train import protocol
 from dflash_train.checkpoint.heldout_score import SCORE_FILE, read_score
-from dflash_train.data.heldout import HELDOUT_FILE, answer_heldout, heldout_conversations
+from dflash_train.data.heldout import HELDOUT_FILE
 from dflash_train.targets.frozen_target import Target
 
 EVAL_ARGS = ("--eval-every", "3", "--eval-prompts", "2", "--eval-tokens", "16")
@@ -39,27 +39,13 @@ def _cli(*args: str) -> protocol.Reply:
 
 
 @pytest.fixture(scope="module")
-def heldout_data(
-    tmp_path_factory: pytest.TempPathFactory, prepared_data_dir: Path, smollm2: Target
-) -> Path:
-    """The session's prepared data with a held-out set of 2 built-in eval prompts answered
-    by the target (what `prepare --heldout 2` writes beside the data)."""
-    data = tmp_path_factory.mktemp("heldout") / "data"
-    shutil.copytree(prepared_data_dir, data)
-    conversations, _ = heldout_conversations(["builtin"], [], 2, 0)
-    text = answer_heldout(smollm2, conversations, max_new_tokens=48, batch_size=2)
-    (data / HELDOUT_FILE).write_text(text, encoding="utf-8")
-    return data
-
-
-@pytest.fixture(scope="module")
 def eval_run(
-    tmp_path_factory: pytest.TempPathFactory, heldout_data: Path, smollm2_spec: str
+    tmp_path_factory: pytest.TempPathFactory, prepared_data_dir: Path, smollm2_spec: str
 ) -> Path:
     """Six sync steps, evaluated at 3 and 6, keeping one checkpoint (and the best)."""
     run_dir = tmp_path_factory.mktemp("evalrun") / "run"
     argv = train_argv(
-        smollm2_spec, heldout_data, run_dir,
+        smollm2_spec, prepared_data_dir, run_dir,
         "--pipeline", "sync", "--max-steps", "6", "--save-every", "0",
         "--keep-checkpoints", "1", "--run-id", RUN_ID, "--wandb-project", "dflash-test",
         *EVAL_ARGS,
@@ -67,6 +53,54 @@ def eval_run(
     done = run_train(argv, timeout=600, WANDB_API_KEY_UNUSED="1")
     assert done.returncode == 0, done.stderr[-3000:]
     return run_dir
+
+
+def _prompt_part(ids: list[int], mask: list[int]) -> tuple[int, ...]:
+    return tuple(t for t, m in zip(ids, mask, strict=True) if not m)
+
+
+def test_prepare_writes_the_builtin_eval_split_with_the_targets_answers(
+    prepared_data_dir: Path, smollm2: Target
+) -> None:
+    from dflash_train.data.dataset import load_dataset_dir
+    from dflash_train.data.prompts import load_prompts
+
+    lines = [json.loads(x) for x in (prepared_data_dir / HELDOUT_FILE).read_text().splitlines()]
+    assert [r["messages"][0]["content"] for r in lines] == load_prompts("builtin", "eval")[:2]
+    info = json.loads((prepared_data_dir / "prepare.json").read_text())
+    assert info["heldout"] == 2
+    for record in lines:
+        user, answer = record["messages"]
+        assert (user["role"], answer["role"]) == ("user", "assistant")
+        ids, mask = record["input_ids"], record["loss_mask"]
+        answer_ids = [t for t, m in zip(ids, mask, strict=True) if m]
+        assert 0 < len(answer_ids) <= 48 and mask == sorted(mask)  # prompt, then answer
+        assert smollm2.tokenizer.decode(answer_ids).startswith(answer["content"])
+    train = load_dataset_dir(str(prepared_data_dir))
+    seen = {_prompt_part(list(i), list(m)) for i, m in train.rows(range(len(train)))}
+    assert not seen & {_prompt_part(r["input_ids"], r["loss_mask"]) for r in lines}
+
+
+def test_prepare_holds_prompts_of_a_file_out_of_training(tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"Name a colour, number {i}.\n" for i in range(12)))
+    out = tmp_path / "data"
+    reply = _cli(
+        "prepare", "--target-model", "random:tiny", "--prompts", str(prompts), "--out",
+        str(out), "--max-new-tokens", "4", "--heldout", "3",
+    )  # fmt: skip
+    assert reply.ok, reply
+    assert reply.data["heldout"] == 3 and reply.data["stats"]["samples"] == 9
+    held = [json.loads(x) for x in (out / HELDOUT_FILE).read_text().splitlines()]
+    held_prompts = {r["messages"][0]["content"] for r in held}
+    assert len(held_prompts) == 3
+    from dflash_train.data.dataset import load_dataset_dir
+
+    train = load_dataset_dir(str(out))
+    seen = {_prompt_part(list(i), list(m)) for i, m in train.rows(range(len(train)))}
+    assert len(seen) == 9 and not seen & {
+        _prompt_part(r["input_ids"], r["loss_mask"]) for r in held
+    }
 
 
 def _evals(run_dir: Path) -> list[protocol.StatusLine]:
@@ -149,17 +183,17 @@ def test_export_best_without_any_score_says_what_to_run(tmp_path: Path, eval_run
 
 
 def test_a_failing_evaluation_is_a_warning_and_training_goes_on(
-    tmp_path: Path, heldout_data: Path, smollm2_spec: str
+    tmp_path: Path, prepared_data_dir: Path, smollm2_spec: str
 ) -> None:
     """A held-out answer with a token id past the vocabulary: the teacher-forced pass
     fails inside the real embedding lookup; the run warns and completes."""
     bad = tmp_path / "bad.jsonl"
-    record = json.loads((heldout_data / HELDOUT_FILE).read_text().splitlines()[0])
+    record = json.loads((prepared_data_dir / HELDOUT_FILE).read_text().splitlines()[0])
     record["input_ids"][-1] = 10**7
     bad.write_text(json.dumps(record) + "\n")
     run_dir = tmp_path / "run"
     argv = train_argv(
-        smollm2_spec, heldout_data, run_dir, "--pipeline", "sync", "--max-steps", "2",
+        smollm2_spec, prepared_data_dir, run_dir, "--pipeline", "sync", "--max-steps", "2",
         "--eval-every", "1", "--eval-prompts", "1", "--eval-tokens", "4",
         "--eval-data", str(bad),
     )  # fmt: skip
@@ -172,3 +206,51 @@ def test_a_failing_evaluation_is_a_warning_and_training_goes_on(
     assert "IndexError" in failed[0]["message"] and "\n" not in failed[0]["message"]
     assert [line["step"] for line in lines if line.kind == "step"] == [1, 2]
     assert lines[-1]["reason"] == "completed"
+
+
+async def test_the_console_plots_the_held_out_tau_and_marks_the_best_checkpoint(
+    eval_run: Path,
+) -> None:
+    """The real console on the real run (local, through the real dflash-train commands):
+    `v` to the tau view draws the training tau_tf beside the held-out series at the
+    evaluated steps, the header shows the newest held-out tau, `c` marks the best."""
+    from textual.widgets import DataTable
+
+    from dflash_tui.screens.checkpoints_screen import BEST_MARK, CheckpointsScreen
+    from dflash_tui.widgets.header import RunHeader
+    from dflash_tui.widgets.loss_plot import LossPane
+    from tests.tui.console_harness import console_app, wait_until
+
+    # The run's at steps 3 and 6, then one by hand of step 3: only a score, not a new point.
+    evals = {e["step"]: e for e in _evals(eval_run)}
+    newest = evals[6]
+    app, _ = console_app(eval_run, read_only=True)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_until(pilot, lambda: app.state.end is not None)
+        loss = app.screen.query_one(LossPane)
+        while loss.choice.id != "tau":
+            await pilot.press("v")
+        app.request_redraw()
+        await wait_until(pilot, lambda: "eval_tau_tf" in loss.drawn)
+        assert loss.drawn["tau"].last_x == 6
+        for name, field in (("eval_tau", "tau"), ("eval_tau_tf", "tau_tf")):
+            drawn = loss.drawn[name]
+            assert dict(zip(drawn.xs, drawn.means, strict=True)) == {
+                s: e[field] for s, e in evals.items()
+            }
+        header = str(app.screen.query_one(RunHeader).render())
+        assert f"held-out τ {newest['tau']:.3f} @{newest['step']}" in header
+
+        await pilot.press("c")
+        screen = app.screen
+        assert isinstance(screen, CheckpointsScreen)
+        await wait_until(pilot, lambda: screen.listed is not None)
+        table = screen.query_one(DataTable)
+        rows = {table.get_row_at(i)[0]: table.get_row_at(i) for i in range(table.row_count)}
+        assert sorted(rows) == ["3", "6"]
+        assert {step: row[4] for step, row in rows.items()} == {
+            str(s): f"{e['tau']:.3f}" for s, e in evals.items()
+        }
+        status = _cli("status", str(eval_run))
+        best = next(c["step"] for c in status.data["checkpoint_list"] if c["best"])
+        assert [s for s, row in rows.items() if BEST_MARK in row[5]] == [str(best)]
