@@ -58,7 +58,7 @@ def main() -> int:
         if decoder is None:
             size = drafter.config.block_size
             capacity = max(map(len, prompts)) + args.max_new_tokens + size + 1
-            decoder = Decoder(target, capacity, drafter.config.target_layer_ids, (1, size))
+            decoder = Decoder(target, capacity, drafter.config.target_layer_ids)
         lengths = []
         runner = cached_drafter(decoder, drafter)
         for p in prompts:
