@@ -25,7 +25,7 @@ from dflash_train.targets.frozen_target import Target
 # land between the first part and the last.
 SAMPLES = 4
 ARGS = ["--target-model", "smollm2", "--prompts", "builtin", "--samples", str(SAMPLES)]
-ARGS += ["--max-new-tokens", "6", "--batch-size", "1", "--chunk-size", "1"]
+ARGS += ["--max-new-tokens", "6", "--batch-size", "1", "--chunk-size", "1", "--heldout", "0"]
 WAIT_S = 240.0
 
 
@@ -74,7 +74,7 @@ def one_worker(
     out = tmp_path_factory.mktemp("one") / "data"
     config = PrepareConfig(
         target="smollm2", prompts="builtin", out=out, samples=SAMPLES, max_new_tokens=6,
-        batch_size=1, chunk_size=1, devices="cpu",
+        batch_size=1, chunk_size=1, devices="cpu", heldout=0,
     )  # fmt: skip
     prepare_dataset(config, target=smollm2)
     return _rows(out)

@@ -17,6 +17,7 @@ from tests.tui.console_harness import console_app, wait_until
 
 PREPARE = ["--target-model", "smollm2", "--prompts", "builtin", "--samples", "3"]
 PREPARE += ["--max-new-tokens", "6", "--batch-size", "1", "--chunk-size", "1", "--devices", "cpu"]
+PREPARE += ["--heldout", "0"]  # the built-in eval split would be answered too
 
 
 def _dflash(*args: str) -> protocol.Reply:
