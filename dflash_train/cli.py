@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "gpus": ("gpus", "NVML readings of this box's GPUs"),
     "set": ("set_setting", "change a live setting of a running trainer"),
     "schema": ("schema", "JSON Schema of the status stream's lines and of the replies"),
+    "plan": ("plan", "the best targets:drafters split of N GPUs, from a run's stage rates"),
 }
 
 
