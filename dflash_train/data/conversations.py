@@ -49,10 +49,18 @@ DATA_SUFFIXES = (".jsonl", ".parquet", ".txt")
 
 
 def expand_files(path: Path) -> list[Path]:
-    """A file as itself; a directory as its data files (any depth), in name order."""
+    """A file as itself; a directory as its data files (any depth), in name order. Hidden
+    files and folders are not data: a prepare's own work dir (`.<out>.prepare/`) may sit
+    among the prompts."""
     if not path.is_dir():
         return [path]
-    return sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in DATA_SUFFIXES)
+    return sorted(
+        p
+        for p in path.rglob("*")
+        if p.is_file()
+        and p.suffix in DATA_SUFFIXES
+        and not any(part.startswith(".") for part in p.relative_to(path).parts)
+    )
 
 
 def load_conversations(spec: str, split: Split = "train") -> list[Conversation]:

@@ -68,6 +68,7 @@ class PrepareProgress:
         self.started = time.monotonic()
         self._shown = 0.0
         self._emitted = 0.0
+        self._last_moved: tuple[int, ...] = ()
 
     @property
     def tokens(self) -> int:
@@ -100,10 +101,15 @@ class PrepareProgress:
         self.emit(force=True)
 
     def emit(self, force: bool = False) -> None:
+        """A `prepare` line when something moved, at most every EMIT_EVERY seconds (the
+        run's heartbeats keep a quiet stream fresh)."""
         now = time.monotonic()
         if self.writer is None or (not force and now - self._emitted < EMIT_EVERY):
             return
-        self._emitted = now
+        moved = (self.tokens, self.samples_done, *(w.answers for w in self.workers.values()))
+        if not force and moved == self._last_moved:
+            return
+        self._emitted, self._last_moved = now, moved
         self.writer.write("prepare", **self.fields(now))
 
     def fields(self, now: float | None = None) -> dict[str, Any]:

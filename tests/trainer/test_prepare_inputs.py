@@ -46,6 +46,8 @@ def test_parquet_jsonl_and_directories_read_alike(tmp_path: Path) -> None:
     _parquet(data / "a.parquet", ROWS)
     (data / "more" / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     (data / "notes.md").write_text("not data: ignored")
+    (data / ".out.prepare" / "chunks").mkdir(parents=True)  # a prepare's work dir in there
+    (data / ".out.prepare" / "chunks" / "chunk_000000.jsonl").write_text('{"index": 0}\n')
     from_parquet = load_conversations(str(data / "a.parquet"))
     assert [c[0].content for c in from_parquet] == ["Name a colour.", "Count to three."]
     assert load_conversations(str(data)) == from_parquet * 2, "name order, any depth"
