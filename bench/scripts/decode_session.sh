@@ -45,6 +45,11 @@ target_ready() {
     >>"$OUT/log.txt" 2>&1 && log "SmolLM2 converted"
 }
 
+stage_ready() {  # SmolLM2 converted on this machine (what other sessions' benches need)
+  stage_carry
+  target_ready
+}
+
 stage_measure() {
   stage_carry
   target_ready || { log "no target"; return 1; }

@@ -394,16 +394,21 @@ def evaluate_prompts(
     block_sizes: Sequence[int] | None = None,
     static: bool = False,
     greedy: dict[tuple[int, ...], Generation] | None = None,
+    graphs: bool | None = None,
 ) -> EvalSummary | list[EvalSummary]:
     """Decode every prompt greedily and speculatively (batch 1, one after the other, timed)
     and compare. With `block_sizes`, one summary per block size (greedy decoded once).
     `static`: Decoder's, for the CPU (CUDA decides on the device anyway). `greedy`: plain
     decodings kept from an earlier call with the same target (the in-run evaluation's,
-    whose target is frozen): a prompt found there is not decoded greedily again."""
+    whose target is frozen): a prompt found there is not decoded greedily again.
+    `graphs`: Decoder's (False: eager even on CUDA, as inside the trainer, whose other
+    threads allocate pinned memory, which a graph capture in progress forbids)."""
     sizes = list(block_sizes) if block_sizes else [drafter.config.block_size]
     longest = max(len(p) for p in prompt_token_ids)
     capacity = longest + max_new_tokens + max(sizes) + 1
-    decoder = Decoder(target, capacity, drafter.config.target_layer_ids, static=static)
+    decoder = Decoder(
+        target, capacity, drafter.config.target_layer_ids, graphs=graphs, static=static
+    )
     # One untimed round first: lazy CUDA/kernel initialisation is not decoding time.
     warm = prompt_token_ids[0]
     greedy_decode(decoder, warm, min(4, max_new_tokens), stop_ids)

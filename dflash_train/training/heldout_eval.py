@@ -135,6 +135,7 @@ class HeldoutEvaluator:
             self.tokens,
             stop_token_ids(target),
             greedy=self._greedy,
+            graphs=False,  # the loader and checkpoint threads pin memory meanwhile
         )
         assert not isinstance(summary, list)
         max_length = self.run.config.model.max_length
