@@ -215,6 +215,8 @@ class DflashApp(App[None]):
         elif state.status == "no_run":
             hint = "r checks again" if self.read_only else "press l to launch"
             self.note("info", f"no run in {self.run_dir} yet — {hint}", "conn")
+        elif state.status == "no_trainer":
+            self.note("error", f"{state.reason} (r tries again)", "conn")
         elif state.status == "connected":
             self._refused_host_key = None
         elif state.status == "failed":

@@ -130,9 +130,12 @@ async def run_fleet(
         await fleet.close()
 
 
-def run_fleet_console(*, watch: bool = False, theme: str | None = None) -> int:
+def fleet_from_config() -> Fleet:
+    """Every profile of the config file. No config file, or one without profiles, makes an
+    empty fleet: its title says that `a` adds the first profile (to the config file)."""
     config = load_config()
-    if not config.profiles:
-        raise ProfileError("fleet: the config file has no profiles (add them under [profiles])")
-    fleet = Fleet(config.profiles.values(), make_transport=default_transport, clock=time.time)
-    return asyncio.run(run_fleet(fleet, watch=watch, theme=theme))
+    return Fleet(config.profiles.values(), make_transport=default_transport, clock=time.time)
+
+
+def run_fleet_console(*, watch: bool = False, theme: str | None = None) -> int:
+    return asyncio.run(run_fleet(fleet_from_config(), watch=watch, theme=theme))

@@ -1,5 +1,5 @@
-"""The add-profile dialog of the fleet (`a`): a name, the host, a container and the run
-dir, each checked as the config file would check it before the dialog closes."""
+"""The add-profile dialog of the fleet (`a`): a name, the host, a container, the run dir and
+the box's python, each checked as the config file would check it before the dialog closes."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ FIELDS = (
     ("host", "host ([user@]host[:port]; empty: this machine)", "root@gpu-box-2"),
     ("container", "container id (pct exec; empty: none)", "200"),
     ("run_dir", "run directory on the box", "/data/runs/qwen27b"),
+    (
+        "python",
+        "the box's trainer: its venv's python (empty: dflash-train on the PATH)",
+        "/opt/dflash/.venv/bin/python",
+    ),
 )
 
 
@@ -46,6 +51,8 @@ def profile_from_fields(fields: dict[str, str]) -> Profile:
     if not fields["run_dir"]:
         raise ProfileError("run_dir: empty")
     table["run_dir"] = fields["run_dir"]
+    if fields.get("python"):
+        table["python"] = fields["python"]
     return parse_profile(name, table, where=name)
 
 

@@ -14,23 +14,26 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from dflash_tui.screens.add_profile import AddProfileDialog
 from dflash_tui.sources.fleet import RowView
+from dflash_tui.sources.profiles import config_path
 from dflash_tui.widgets import units
-from dflash_tui.widgets.header import BADGE_STYLE
+from dflash_tui.widgets.header import BADGE_STYLE, badge_label
 
 if TYPE_CHECKING:
     from dflash_tui.fleet_console import FleetApp
 
+# The alerts beside the state: a long reason in `updated` must not push them out of sight.
 COLUMNS = (
-    "profile", "host", "run", "state", "epoch", "step", "ETA", "Ktok/s", "loss", "τ",
-    "GPU °C", "updated", "alerts",
+    "profile", "host", "run", "state", "alerts", "epoch", "step", "ETA", "Ktok/s", "loss",
+    "τ", "GPU °C", "updated",
 )  # fmt: skip
 PROBLEM_WIDTH = 40
+TROUBLE = frozenset({"crashed", "stalled", "unreachable", "no_trainer"})
 FLEET_BADGE_STYLE = {**BADGE_STYLE, "unreachable": "error", "no run": "secondary"}
 
 
 def row_cells(view: RowView, colours: dict[str, str]) -> list[Text | str]:
     colour = colours.get(FLEET_BADGE_STYLE.get(view.badge, "secondary"), "")
-    badge = Text(f" {view.badge.upper()} ", style=f"bold reverse {colour}")
+    badge = Text(f" {badge_label(view.badge)} ", style=f"bold reverse {colour}")
     epoch = "–" if view.epoch is None else str(view.epoch + 1)  # people count from 1
     if view.epochs is not None:
         epoch += f"/{view.epochs}"
@@ -40,7 +43,7 @@ def row_cells(view: RowView, colours: dict[str, str]) -> list[Text | str]:
     name = view.name + (" 🔒" if view.read_only else "")
     alerts = Text(str(view.alerts), style=f"bold {colours['error']}") if view.alerts else "0"
     updated = "–" if view.age_s is None else f"{units.duration(view.age_s)} ago"
-    if view.problem and view.badge in ("unreachable", "no run"):
+    if view.problem and view.badge in ("unreachable", "no run", "no_trainer"):
         # The reason in brief; the whole of it is on the dashboard (Enter).
         problem = (
             view.problem
@@ -53,6 +56,7 @@ def row_cells(view: RowView, colours: dict[str, str]) -> list[Text | str]:
         view.host,
         view.run_id or "–",
         badge,
+        alerts,
         epoch,
         step,
         units.duration(view.eta_s),
@@ -61,7 +65,6 @@ def row_cells(view: RowView, colours: dict[str, str]) -> list[Text | str]:
         units.number(view.tau),
         "–" if view.hottest_c is None else f"{view.hottest_c:.0f}",
         updated,
-        alerts,
     ]
 
 
@@ -117,8 +120,13 @@ class FleetScreen(Screen[None]):
             self._shown = names
             if current in names:
                 table.move_cursor(row=names.index(current), animate=False)
-        trouble = sum(1 for v in views if v.badge in ("crashed", "stalled", "unreachable"))
+        trouble = sum(1 for v in views if v.badge in TROUBLE)
         title = Text(" dflash fleet ", style=f"bold reverse {colours['primary']}")
+        if not views:
+            title.append("  no profiles yet: press a to add one", style="bold")
+            title.append(f" (saved to {config_path()})", style="dim")
+            self.query_one("#fleet-title", Static).update(title)
+            return
         title.append(f"  {len(views)} profiles", style="bold")
         title.append(f" · {trouble} in trouble" if trouble else " · all well")
         if self.filter_text:

@@ -34,6 +34,7 @@ BADGE_ORDER = {
     "crashed": 0,
     "stalled": 1,
     "unreachable": 2,
+    "no_trainer": 2,
     "running": 3,
     "connecting": 4,
     "stopped": 5,
@@ -99,6 +100,7 @@ class FleetRow:
         self.status_error: str | None = None
         self.status_at: float | None = None
         self.status_broken = False
+        self.no_trainer = False  # the box answers, but has no trainer where the profile says
         self.fresh_at: float | None = None  # arrival of the newest line past the status
         self.session = RowSession(
             link.view(profile),
@@ -136,7 +138,7 @@ class FleetRow:
         now = self.clock()
         if reply.ok:
             self.status, self.status_error, self.status_at = reply.data, None, now
-            self.status_broken = False
+            self.status_broken = self.no_trainer = False
             self.fresh_at = None
             self.alerts.on_status(reply)
         elif reply.error_code not in UNREACHABLE_CODES:
@@ -144,6 +146,7 @@ class FleetRow:
             # Only a missing run dir means "no run"; anything else (no dflash-train on the
             # box, a bad argument) keeps the run out of reach.
             self.status_broken = reply.error_code != "run_dir_missing"
+            self.no_trainer = reply.error_code == "no_trainer"
         return reply
 
     def cursor_from_status(self) -> tuple[str, int] | None:
@@ -173,6 +176,8 @@ class FleetRow:
             if state.crashed_by_status:
                 return "crashed"  # the box's tail saw the trainer go without a run_end
         if status is None:
+            if self.no_trainer:
+                return "no_trainer"
             if self.status_error is None:
                 return "connecting"
             return "unreachable" if self.status_broken else "no run"

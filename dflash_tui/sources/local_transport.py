@@ -60,6 +60,10 @@ class LocalTransport:
     async def stream(self, argv: Sequence[str]) -> AsyncIterator[LineStream]:
         try:
             proc = await self._spawn(argv)
+        except FileNotFoundError as exc:
+            # As a shell (over SSH) answers a missing command: an empty stream, exit 127.
+            yield _not_found(f"{argv[0] if argv else ''}: {exc}")
+            return
         except OSError as exc:
             raise TransportError(f"{argv[0] if argv else ''}: {exc}") from exc
         assert proc.stdout is not None and proc.stderr is not None
@@ -82,6 +86,16 @@ class LocalTransport:
 
     async def close(self) -> None:
         return None
+
+
+def _not_found(message: str) -> LineStream:
+    async def read(size: int) -> bytes:
+        return b""
+
+    async def finish() -> StreamEnd:
+        return StreamEnd(127, message.encode())
+
+    return LineStream(read, finish)
 
 
 async def _stop_local(proc: asyncio.subprocess.Process) -> None:

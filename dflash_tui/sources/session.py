@@ -32,7 +32,11 @@ WATCH_ONLY_ENV = "DFLASH_TUI_WATCH_ONLY"
 _OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-ConnectionStatus = Literal["connecting", "connected", "reconnecting", "failed", "no_run"]
+ConnectionStatus = Literal[
+    "connecting", "connected", "reconnecting", "failed", "no_run", "no_trainer"
+]
+# The shell's "command not found": the box answers, but not with a trainer.
+NO_TRAINER_EXIT = 127
 # What `tail` and `logs` answer for a run dir that does not exist (yet).
 RUN_DIR_MISSING = "run_dir_missing"
 LOG_LINES = 500
@@ -65,6 +69,12 @@ class ConnectionState:
     @classmethod
     def failed(cls, reason: str, error: TransportError | None = None) -> ConnectionState:
         return cls("failed", reason=reason, error=error)
+
+    @classmethod
+    def no_trainer(cls, reason: str) -> ConnectionState:
+        """The box answered and has no `dflash-train` where the console calls it: nothing
+        to retry until the operator sets `python` (or presses `r`)."""
+        return cls("no_trainer", reason=reason)
 
     @classmethod
     def no_run(cls, reason: str) -> ConnectionState:
@@ -302,6 +312,9 @@ class Session:
                                 waiting_for_run = False
                                 report(ConnectionState.connected())
                     reason = _end_reason(lines.end, refusal.error if refusal else None)
+                    if _no_trainer(lines.end):
+                        report(ConnectionState.no_trainer(self._no_trainer_text(reason)))
+                        return
             except TransportError as exc:
                 if not exc.retryable:
                     report(ConnectionState.failed(str(exc), exc))
@@ -347,8 +360,18 @@ class Session:
         if isinstance(decoded, Reply):
             return decoded
         tail = _tail_text(result.stderr) or decoded.reason
+        if result.rc == NO_TRAINER_EXIT:
+            return protocol.reply_error(
+                command, "no_trainer", self._no_trainer_text(f"exit {result.rc}: {tail}")
+            )
         return protocol.reply_error(
             command, "no_reply", f"{command}: no reply (exit {result.rc}): {tail}"
+        )
+
+    def _no_trainer_text(self, detail: str) -> str:
+        return (
+            f"no trainer: {' '.join(self.trainer)} is not on the box ({detail}); "
+            "set python (the profile's `python`, or --python) to the trainer's interpreter"
         )
 
     def _start_options(self, env: Mapping[str, str]) -> list[str]:
@@ -428,6 +451,10 @@ class Session:
 
     async def status(self) -> Reply:
         return await self._call("status", ["status", self.run_dir], self.control_timeout)
+
+
+def _no_trainer(end: StreamEnd | None) -> bool:
+    return end is not None and end.returncode == NO_TRAINER_EXIT
 
 
 def _end_reason(end: StreamEnd | None, refusal: str | None) -> str:

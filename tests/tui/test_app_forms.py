@@ -8,11 +8,20 @@ from pathlib import Path
 import pytest
 from textual.widgets import Input, Static
 
-from dflash_tui.screens.launch_fields import LAUNCH_FIELDS, train_args, validate_form
+from dflash_tui.screens.confirm import ConfirmDialog
 from dflash_tui.screens.launch_form import LaunchForm
 from dflash_tui.screens.min_ready_prompt import MinReadyPrompt
 from dflash_tui.screens.restart_dialog import RestartDialog, parse_overrides
-from tests.tui.console_harness import VALID_FORM, attached, make_run_dir, press_button
+from dflash_tui.sources.launch_fields import LAUNCH_FIELDS, train_args, validate_form
+from tests.tui.console_harness import (
+    TRAINER,
+    VALID_FORM,
+    attached,
+    make_run_dir,
+    press_button,
+    wait_for_controls,
+    wait_until,
+)
 
 # field -> (bad text, words the message under it must contain)
 BAD_INPUT: dict[str, tuple[str, str]] = {
@@ -151,6 +160,8 @@ async def test_restart_and_min_ready_dialogs_refuse_bad_input(tmp_path: Path) ->
         # The value in force (3, from the stream) and the range (1..8) are shown.
         body = " ".join(str(s.render()) for s in prompt.query(".dialog-body").results(Static))
         assert "now 3" in body and "1..8" in body
+        # No profile here: the dialog says what happens, and names no profile.
+        assert "a restart of this run keeps it" in body and "profile" not in body
         value = prompt.query_one("#value", Input)
         for bad, message in (("0", "out of range"), ("9", "1..hs_queue_depth=8"), ("x", "integer")):
             value.value = bad
@@ -160,3 +171,27 @@ async def test_restart_and_min_ready_dialogs_refuse_bad_input(tmp_path: Path) ->
             assert message in str(prompt.query_one("#value-error", Static).render())
         await pilot.press("escape")
         assert transport.commands == sent_before
+
+
+async def test_enter_on_the_launch_confirmation_launches_and_on_stop_cancels(
+    tmp_path: Path,
+) -> None:
+    run_dir = make_run_dir(tmp_path)
+    # A data dir that does not exist: the box's preflight refuses, no trainer starts.
+    defaults = {**VALID_FORM, "data_dir": str(tmp_path / "no-data")}
+    async with attached(run_dir, defaults=defaults) as (app, pilot, transport):
+        await pilot.press("S")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        assert "n, Esc or Enter: Cancel" in str(app.screen.query_one(".dialog-hint").render())
+        await pilot.press("enter")  # a stray Enter never stops a run
+        assert not isinstance(app.screen, ConfirmDialog) and transport.mutating() == []
+
+        await pilot.press("l")
+        await press_button(pilot, "#submit")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        assert "y or Enter: Launch" in str(app.screen.query_one(".dialog-hint").render())
+        await pilot.press("enter")
+        await wait_for_controls(app)
+        assert [argv[len(TRAINER)] for argv in transport.mutating()] == ["launch"]
+        assert app.replies[-1].command == "launch" and not app.replies[-1].ok
+        assert "no-data" in (app.replies[-1].error or "")

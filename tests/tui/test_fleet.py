@@ -14,7 +14,8 @@ import pytest
 from textual.widgets import DataTable, Input
 
 from dflash_tui.app import DflashApp
-from dflash_tui.fleet_console import BACK, FleetApp, FleetDashboardApp, run_fleet
+from dflash_tui.fleet_console import BACK, FleetApp, FleetDashboardApp, fleet_from_config, run_fleet
+from dflash_tui.screens.fleet import COLUMNS, row_cells
 from dflash_tui.sources.backoff import Backoff
 from dflash_tui.sources.fleet import Fleet, RowView
 from dflash_tui.sources.host_link import PrefixedTransport
@@ -59,13 +60,13 @@ def table_names(app: FleetApp) -> list[str]:
 
 
 async def test_rows_trouble_first_and_filter(local_fleet_dirs: dict[str, Path]) -> None:
-    # A box without the trainer where the profile says: out of reach, and why.
+    # A box without the trainer where the profile says (exit 127): NO TRAINER, and why.
     broken = Profile("broken", run_dir=str(local_fleet_dirs["live"]), python="/no/python")
     profiles = [*local_profiles(local_fleet_dirs), broken]
     fleet = Fleet(profiles, status_every=0.5, backoff=FAST)
     app = FleetApp(fleet)
     try:
-        async with app.run_test(size=(180, 20)) as pilot:
+        async with app.run_test(size=(160, 20)) as pilot:
 
             def settled() -> bool:
                 # A pace (the ETA) needs two live steps; at step 0 there is none yet.
@@ -84,8 +85,13 @@ async def test_rows_trouble_first_and_filter(local_fleet_dirs: dict[str, Path]) 
             assert views["live"].hottest_c == 60.0 and views["live"].loss is not None
             assert views["live"].eta_s is not None and views["old"].eta_s is None
             assert views["old"].alerts == 1  # the box says its trainer is gone
-            assert views["broken"].badge == "unreachable"
-            assert "no reply (exit 127)" in (views["broken"].problem or "")
+            assert views["broken"].badge == "no_trainer"
+            assert "set python" in (views["broken"].problem or "")
+            assert "NO TRAINER (set python)" in str(row_cells(views["broken"], app.colours())[3])
+            # The long reason is cut in `updated`; the alerts column stays in sight.
+            table = app.screen.query_one(DataTable)
+            widths = [c.get_render_width(table) for c in table.columns.values()]
+            assert sum(widths[: COLUMNS.index("alerts") + 1]) <= table.size.width
             # Trouble first, once the next redraw has sorted the rows.
             order = ["old", "broken", "live", "empty"]
             await wait_until(pilot, lambda: table_names(app) == order)
@@ -122,6 +128,7 @@ async def test_add_profile_keeps_the_users_comments(
             await pilot.press("a")
             await wait_until(pilot, lambda: bool(app.screen.query("#field-name")))
             fields = {"name": "box2", "host": "root@gpu2:2222", "container": "200"}
+            fields["python"] = "/opt/dflash/.venv/bin/python"  # a trainer in a venv
             for key, value in fields.items():
                 app.screen.query_one(f"#field-{key}", Input).value = value
             app.screen.query_one("#field-run_dir", Input).value = "/data/runs/two"
@@ -138,6 +145,30 @@ async def test_add_profile_keeps_the_users_comments(
     added = load_config(config).profiles["box2"]
     assert (added.host, added.port, added.user, added.container) == ("gpu2", 2222, "root", "200")
     assert added.run_dir == "/data/runs/two"
+    assert added.python == "/opt/dflash/.venv/bin/python"
+
+
+async def test_a_fleet_with_no_config_opens_empty_and_a_adds_the_first_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "home" / ".config" / "dflash" / "config.toml"  # not there yet
+    monkeypatch.setenv("DFLASH_CONFIG", str(config))
+    fleet = fleet_from_config()
+    app = FleetApp(fleet)
+    try:
+        async with app.run_test(size=(160, 30)) as pilot:
+            title = lambda: str(app.screen.query_one("#fleet-title").render())  # noqa: E731
+            await wait_until(pilot, lambda: "press a to add one" in title())
+            assert str(config) in title() and table_names(app) == []
+            await pilot.press("a")
+            await wait_until(pilot, lambda: bool(app.screen.query("#field-name")))
+            app.screen.query_one("#field-name", Input).value = "first"
+            app.screen.query_one("#field-run_dir", Input).value = "/data/runs/one"
+            await press_button(pilot, "#submit")
+            await wait_until(pilot, lambda: "1 profiles" in title())
+    finally:
+        await fleet.close()
+    assert list(load_config(config).profiles) == ["first"]
 
 
 async def test_enter_opens_the_dashboard_read_only_and_escape_comes_back(

@@ -270,8 +270,10 @@ async def test_failed_commands_become_error_replies(tmp_path: Path) -> None:
         on_line=rec.lines.append,
     )
     reply = await missing.status()
-    assert not reply.ok and reply.error_code == "no_reply"
+    # Exit 127 (no such command) names what to fix: the trainer's python.
+    assert not reply.ok and reply.error_code == "no_trainer"
     assert "exit 127" in (reply.error or "") and "nonexistent" in (reply.error or "")
+    assert "set python" in (reply.error or "")
     slow = Session(
         LocalTransport(("sh", "-c", "sleep 5", "sh")),
         run_dir=str(tmp_path),

@@ -15,7 +15,7 @@ import pytest
 from dflash_train import protocol
 from dflash_tui.sources.backoff import Backoff
 from dflash_tui.sources.line_stream import LineStream
-from dflash_tui.sources.transport import CommandTimeout, LocalTransport, TransportError
+from dflash_tui.sources.transport import CommandTimeout, LocalTransport
 
 
 def test_sources_import_neither_textual_nor_torch() -> None:
@@ -125,9 +125,11 @@ async def test_local_stream_reports_how_it_ended() -> None:
     assert lines.end is not None
     assert lines.end.returncode == 3 and lines.end.stderr_tail == b"failing\n"
     assert lines.partial_at_eof == b"partial"
-    with pytest.raises(TransportError, match="nonexistent"):
-        async with LocalTransport().stream(["/nonexistent/x"]):
-            pass
+    # A missing command ends as it does through a shell (and `run`): exit 127, no lines.
+    async with LocalTransport().stream(["/nonexistent/x"]) as missing:
+        assert [line async for line in missing] == []
+    assert missing.end is not None and missing.end.returncode == 127
+    assert b"nonexistent" in missing.end.stderr_tail
 
 
 async def test_local_stream_cancelled_consumer_leaves_no_process(tmp_path: Path) -> None:
