@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "set": ("set_setting", "change a live setting of a running trainer"),
     "schema": ("schema", "JSON Schema of the status stream's lines and of the replies"),
     "plan": ("plan", "the best targets:drafters split of N GPUs, from a run's stage rates"),
+    "report": ("report", "one self-contained HTML report of a run, from its stream (--png)"),
 }
 
 

@@ -23,22 +23,11 @@ import pytest
 
 from dflash_train.rundir import lock_is_held
 from dflash_tui.subcommands import serve_command
+from tests.browser import CHROMIUM, CHROMIUM_ARGS
 from tests.reliability import box
 from tests.sshd import LOGIN, LOOPBACK, ClientKey, OpenSshServer, free_port
 from tests.tui.conftest import server_key, trusted_known_hosts
 
-CHROMIUM = "/usr/bin/chromium"
-# What Chromium needs on this closed, GPU-less machine (and as root).
-CHROMIUM_ARGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 MUTATING = ("launch", "stop", "restart", "set")
 # A random tiny target (no weights to load) and small batches: several real training steps
 # a second even on a loaded 2-core box (later options win over the suite's tiny ones).
