@@ -48,6 +48,8 @@ WHOLE_CAPS: dict[str, int] = {
     # Held-out evaluations (`event` lines of code eval) apart from the other events, so
     # the whole run's held-out series survives however many other events there are.
     EVAL_EVENTS: 1000,
+    # A prepare run's progress: the newest line is all the console draws of it.
+    "prepare": 1,
 }
 
 
