@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from dflash_train import protocol
@@ -169,6 +170,7 @@ def _evaluate(
             "eval",
             **fields,
             baseline_tokens_per_target_forward=round(first.baseline_tokens_per_target_forward, 4),
+            baseline_generated_tokens=first.baseline_generated_tokens,
             lossless=all(s.lossless for s in summaries),
             prompts=first.prompts,
             greedy_seconds=round(first.baseline_seconds, 2),
@@ -181,8 +183,9 @@ def _evaluate(
 
 
 def _figures(summary: EvalSummary) -> dict[str, object]:
-    """One block size's figures. speedup: greedy wall time over speculative wall time,
-    both at batch 1, same target, same device."""
+    """One block size's figures. speedup: speculative tokens a second over greedy's, both
+    at batch 1, same target, same device (greedy's wall time over speculative's when the
+    outputs are equal; bfloat16 near-ties can make them, and their lengths, differ)."""
     return {
         "tau": round(summary.tau, 4),
         "tokens_per_target_forward": round(summary.tokens_per_target_forward, 4),
@@ -193,4 +196,9 @@ def _figures(summary: EvalSummary) -> dict[str, object]:
         "spec_seconds": round(summary.seconds, 2),
         "speedup": round(summary.speedup, 3),
         "lossless_at_size": summary.lossless,
+        # Each mismatch's first differing token and greedy's top-2 logit gap there.
+        "divergences": [
+            {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(d).items()}
+            for d in summary.divergences
+        ],
     }

@@ -352,10 +352,17 @@ class EvalSummary:
     baseline_seconds: float = 0.0  # plain greedy decoding, summed over prompts
     block_size: int = 0
     divergences: tuple[Divergence, ...] = ()  # one per mismatched prompt, where measured
+    baseline_generated_tokens: int = 0
 
     @property
     def speedup(self) -> float:
-        return self.baseline_seconds / self.seconds if self.seconds else 0.0
+        """Speculative tokens a second over greedy's: greedy's wall time over speculative's
+        while both made the same tokens (lossless), and still the fair ratio when a
+        bfloat16 near-tie made the outputs (and so their lengths) differ."""
+        if not (self.seconds and self.baseline_seconds and self.baseline_generated_tokens):
+            return 0.0
+        spec_rate = self.generated_tokens / self.seconds
+        return spec_rate / (self.baseline_generated_tokens / self.baseline_seconds)
 
 
 def summarize(
@@ -366,6 +373,7 @@ def summarize(
     )
     blocks = sum(len(s.block_lengths) for s in spec)
     generated = sum(len(s.tokens) for s in spec)
+    baseline_generated = sum(len(p.tokens) for p in plain)
     forwards = sum(s.target_forwards for s in spec)
     baseline_forwards = sum(p.target_forwards for p in plain)
     return EvalSummary(
@@ -374,7 +382,7 @@ def summarize(
         tau=sum(sum(s.block_lengths) for s in spec) / blocks if blocks else 0.0,
         tokens_per_target_forward=generated / forwards if forwards else 0.0,
         baseline_tokens_per_target_forward=(
-            sum(len(p.tokens) for p in plain) / baseline_forwards if baseline_forwards else 0.0
+            baseline_generated / baseline_forwards if baseline_forwards else 0.0
         ),
         generated_tokens=generated,
         lossless=not mismatches,
@@ -382,6 +390,7 @@ def summarize(
         seconds=sum(s.seconds for s in spec),
         baseline_seconds=sum(p.seconds for p in plain),
         block_size=block_size,
+        baseline_generated_tokens=baseline_generated,
     )
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from dflash_train.checkpoint.export import load_any_drafter
+from dflash_train.commands.evaluate import _figures
 from dflash_train.data.prepare import chat_prompt_ids, stop_token_ids
 from dflash_train.data.prompts import load_prompts
 from dflash_train.decode.device_round import DeviceRound
@@ -26,6 +27,7 @@ from dflash_train.decode.speculative import (
     first_divergence,
     greedy_decode,
     speculative_decode,
+    summarize,
 )
 from dflash_train.model.drafter import DFlashDrafter
 from dflash_train.targets.frozen_target import Target, load_target
@@ -143,3 +145,18 @@ def test_bfloat16_evaluation_on_the_device_path_reports_each_mismatch(
         assert found.greedy_token != found.spec_token and 0 <= found.position < 12
         assert 0 <= found.top2_gap <= found.spec_token_gap
         assert math.log2(found.ulp).is_integer()
+    figures = _figures(summary)  # what `dflash-train eval` replies for this block size
+    assert figures["mismatched_prompts"] == [d["prompt"] for d in figures["divergences"]]
+
+
+def test_speedup_compares_token_rates_when_the_outputs_differ() -> None:
+    """A near-tie can end a speculative answer early: the speed-up is tokens a second over
+    greedy's, which is greedy's wall time over speculative's only for equal outputs."""
+    greedy = [Generation((1, 2, 3, 4), 4, seconds=4.0), Generation((5, 6), 2, seconds=2.0)]
+    spec = [Generation((1, 2), 2, (2,), 1.0), Generation((5, 6), 2, (1, 1), 0.5)]
+    summary = summarize(spec, greedy, 4)
+    assert (summary.generated_tokens, summary.baseline_generated_tokens) == (4, 6)
+    assert summary.mismatches == (0,)
+    assert summary.speedup == pytest.approx((4 / 1.5) / (6 / 6.0))
+    same = summarize(greedy, greedy, 4)
+    assert same.speedup == pytest.approx(1.0)
