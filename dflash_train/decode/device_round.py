@@ -28,7 +28,7 @@ S = TypeVar("S", bound="_DeviceStep")
 
 class _DeviceStep:
     """Fixed-shape work over `cache` whose inputs live in device buffers it rewrites itself;
-    `graphed`: captured once as a CUDA graph, else run as it is."""
+    capture() makes it one CUDA graph, replay() runs it, captured or not."""
 
     def __init__(self, runner: CachedTarget, cache: KVCache, width: int) -> None:
         self.runner, self.cache = runner, cache
