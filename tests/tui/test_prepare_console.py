@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from dflash_train import protocol
+from dflash_tui.pane_refresh import header_facts
 from dflash_tui.widgets.header import RunHeader
 from dflash_tui.widgets.hs_queue import HsQueuePane
 from tests.tui.console_harness import console_app, wait_until
@@ -47,6 +48,10 @@ async def test_a_launched_prepare_streams_progress_and_reads_preparing(tmp_path:
             await wait_until(pilot, lambda: app.state.prepare is not None, timeout=120)
             await wait_until(pilot, lambda: "answer tok/s" in str(pane.render()), timeout=30)
             assert pane.border_title == "2 prepare"
+            # The header's ETA is the prepare's own once its lines say how long is left.
+            await wait_until(pilot, lambda: app.state.prepare["eta_s"] is not None, timeout=120)
+            eta = header_facts(app, app.clock()).eta_s
+            assert eta is not None and eta == app.state.prepare["eta_s"]
             await wait_until(pilot, lambda: app.state.end is not None, timeout=240)
             assert app.state.end["reason"] == "completed"
             await wait_until(pilot, lambda: "FINISHED" in str(header.render()))
