@@ -7,7 +7,7 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from dflash_tui.sources.state import EventRecord
+from dflash_tui.sources.state import EventRecord, RunState
 from dflash_tui.widgets.events_log import EventEntry, EventsLog
 from dflash_tui.widgets.gpu_heatmap import GpuHeatmap
 from dflash_tui.widgets.gpu_table import MAX_PROCESSES, GpuTable, render_gpus
@@ -167,12 +167,18 @@ def header_facts(app: DflashApp, now: float) -> HeaderFacts:
         epoch_fraction=state.epoch_progress,
         step=state.step,
         total_steps=state.total_steps,
-        eta_s=state.eta_s,
+        eta_s=_prepare_eta(state) if state.mode == "prepare" else state.eta_s,
         age_s=state.last_line_age(now),
         wandb_url=app.wandb_url,
         heldout_tau=None if state.heldout is None else state.heldout.tau,
         heldout_step=None if state.heldout is None else state.heldout.step,
     )
+
+
+def _prepare_eta(state: RunState) -> float | None:
+    """A prepare's time left, from its newest progress line."""
+    eta = state.prepare.get("eta_s") if state.prepare is not None else None
+    return float(eta) if isinstance(eta, (int, float)) else None
 
 
 def event_entries(app: DflashApp) -> list[EventEntry]:
