@@ -1,6 +1,7 @@
 """A full-screen view of many lines (train.log, the run's events): follows new lines while at
 the end, `/` filters (plain text, or a regular expression after `re:`), `G`/`g` jump to
-the end (and follow again) or the start, `Esc` goes back. Keeps a bounded number of lines."""
+the end (and follow again) or the start, `Esc` or `q` goes back. Keeps a bounded number of
+lines."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class LineViewer(Screen[None]):
         Binding("G", "end", "End (follow)"),
         Binding("g", "start", "Start"),
         Binding("escape", "back", "Back"),
-        Binding("q", "app.quit", "Quit"),  # as on the dashboard: the run keeps running
+        Binding("q", "back", "Back", show=False),  # as in less and k9s: q leaves the view
     ]
     DEFAULT_CSS = """
     LineViewer #viewer-title { height: 1; background: $panel; padding: 0 1; }
@@ -93,7 +94,8 @@ class LineViewer(Screen[None]):
         if self.status:
             parts.append(self.status)
         if self.problem:
-            parts.append(self.problem)
+            # First, where a narrow terminal cannot cut it off.
+            parts.insert(0, f"{self.problem} (the filter before it still applies)")
         self.query_one("#viewer-title", Static).update(" · ".join(parts))
 
     # -- keys ----------------------------------------------------------------------------
@@ -105,13 +107,17 @@ class LineViewer(Screen[None]):
 
     @on(Input.Changed, "#viewer-filter")
     def _filter_changed(self, event: Input.Changed) -> None:
+        field = self.query_one("#viewer-filter", Input)
         try:
             self.filter = LineFilter.parse(event.value)
         except FilterError as exc:
+            # The input stays as typed, marked, so it can be fixed rather than retyped.
             self.problem = str(exc)
+            field.add_class("invalid")
             self.show_title()
             return
         self.problem = ""
+        field.remove_class("invalid")
         self._redraw()
 
     @on(Input.Submitted, "#viewer-filter")

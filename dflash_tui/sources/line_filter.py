@@ -27,9 +27,7 @@ class LineFilter:
             try:
                 return cls(text, re.compile(expression))
             except re.error as exc:
-                raise FilterError(
-                    f"filter: {expression!r} is not a regular expression: {exc}"
-                ) from None
+                raise FilterError(f"filter: invalid pattern {expression!r}: {exc}") from None
         return cls(text)
 
     @property

@@ -1,7 +1,7 @@
 """The log screen over real OpenSSH (through the pct shim): `L` shows a real train.log's
 tail and follows what is appended, `/` filters (plain text, `re:` regex, a bad regex
-refused), `g`/`G` leave and resume following, Esc ends the box's `logs` process; the
-events screen keeps every event."""
+refused and said, the input kept), `g`/`G` leave and resume following, `q` goes back (as
+in less) and ends the box's `logs` process; the events screen keeps every event."""
 
 from __future__ import annotations
 
@@ -57,7 +57,12 @@ async def test_log_screen_follows_and_filters_train_log_over_ssh(
         await wait_until(pilot, lambda: view.line_count == 9)
         field.value = "re:(unclosed"
         await pilot.pause()
-        assert "not a regular expression" in screen.problem and view.line_count == 9
+        # Said (first in the title), the input kept as typed and marked; the last good
+        # filter still applies.
+        assert "invalid pattern '(unclosed'" in screen.problem and view.line_count == 9
+        assert field.value == "re:(unclosed" and field.has_class("invalid")
+        title = str(screen.query_one("#viewer-title").render())
+        assert title.startswith("filter: invalid pattern")
         field.value = r"re:^step 4\d"
         await pilot.press("enter")
         with log.open("a") as fh:
@@ -68,8 +73,9 @@ async def test_log_screen_follows_and_filters_train_log_over_ssh(
         assert not screen.following and view.scroll_y == 0
         await pilot.press("G")
         assert screen.following
-        await pilot.press("escape")
+        await pilot.press("q")  # back, as in less: the console stays
         await wait_until(pilot, lambda: isinstance(app.screen, MainScreen))
+        assert app.is_running
         # Leaving the screen ends its follow on the box (the pct shim runs it locally).
         await wait_until(pilot, lambda: not box_processes("logs", run_dir), timeout=20)
 
@@ -77,4 +83,6 @@ async def test_log_screen_follows_and_filters_train_log_over_ssh(
         events = app.screen
         assert isinstance(events, EventsScreen)
         await wait_until(pilot, lambda: any("epoch 1/6 done" in ln for ln in events.lines))
-        await pilot.press("escape")
+        await pilot.press("q")
+        await wait_until(pilot, lambda: isinstance(app.screen, MainScreen))
+        assert app.is_running

@@ -63,7 +63,7 @@ def test_filter_plain_ignores_case_and_regex_after_re() -> None:
     assert LineFilter.parse("warn").select(["WARNING x", "step 1"]) == ["WARNING x"]
     assert LineFilter.parse(r"re:^step \d$").select(["step 1", "step 10"]) == ["step 1"]
     assert LineFilter.parse("re:").select(["a"]) == ["a"]
-    with pytest.raises(FilterError, match="not a regular expression"):
+    with pytest.raises(FilterError, match="invalid pattern"):
         LineFilter.parse("re:(")
 
 
