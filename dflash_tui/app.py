@@ -474,6 +474,11 @@ class DflashApp(App[None]):
             return "restarting"  # the old trainer's stop is a pass, not the end
         return self.state.run_state
 
+    def last_update_at(self) -> float | None:
+        """A moment to show instead of the last update's age (a replay's cursor); None
+        for a live console, whose header says how long ago."""
+        return None
+
     def event_entries(self) -> list[EventEntry]:
         return event_entries(self)
 

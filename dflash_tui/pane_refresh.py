@@ -169,6 +169,7 @@ def header_facts(app: DflashApp, now: float) -> HeaderFacts:
         total_steps=state.total_steps,
         eta_s=_prepare_eta(state) if state.mode == "prepare" else state.eta_s,
         age_s=state.last_line_age(now),
+        updated_at=app.last_update_at(),
         wandb_url=app.wandb_url,
         heldout_tau=None if state.heldout is None else state.heldout.tau,
         heldout_step=None if state.heldout is None else state.heldout.step,

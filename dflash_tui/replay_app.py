@@ -1,6 +1,6 @@
 """The dashboard of a finished run, with a time cursor: the live console's screen and panes,
-drawn from the RunState at the cursor (sources/replay.py). Every control key is hidden and
-the session under it refuses control calls."""
+drawn from the RunState at the cursor (sources/replay.py). Every control key is hidden, says
+"replay is read-only" when pressed, and the session under it refuses control calls."""
 
 from __future__ import annotations
 
@@ -8,15 +8,19 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
-from textual import work
+from textual import events, work
 from textual.binding import Binding
 from textual.widgets import Footer
 
+from dflash_tui import keymap
 from dflash_tui.app import ConsoleOptions, DflashApp
 from dflash_tui.sources.replay import ReplayClock, ReplayError, ReplaySession, Timeline
 from dflash_tui.sources.session import Session
 from dflash_tui.sources.transport import HostKeyUnknown, Transport, TransportError
 from dflash_tui.widgets.replay_bar import CursorFacts, ReplayBar
+
+# The keys of the actions a replay refuses (the control keys of the dashboard).
+READ_ONLY_KEYS = frozenset(k.key for k in keymap.KEYMAP if k.mutating)
 
 
 class ReplayApp(DflashApp):
@@ -119,6 +123,18 @@ class ReplayApp(DflashApp):
         )
 
     # -- what differs from a live console ----------------------------------------------
+
+    def on_key(self, event: events.Key) -> None:
+        # A control key does nothing in a replay (its binding is refused): say why.
+        if event.key in READ_ONLY_KEYS:
+            self.toast("replay is read-only: it cannot launch, stop, restart or set", timeout=4)
+
+    def last_update_at(self) -> float | None:
+        """The run's own time at the cursor: 'N s ago' would be measured from the cursor."""
+        timeline = self.timeline
+        if timeline is None or timeline.position < 0:
+            return None
+        return timeline.time(timeline.position)
 
     def badge(self) -> str:
         if self.timeline is None:

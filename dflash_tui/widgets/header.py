@@ -3,6 +3,7 @@ ETA and how stale the data is."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from rich.text import Text
@@ -54,6 +55,8 @@ class HeaderFacts:
     eta_s: float | None
     age_s: float | None
     wandb_url: str | None = None
+    # The run's own time of what is shown (a replay's cursor), in place of the age.
+    updated_at: float | None = None
     # The newest held-out evaluation (an `eval` event): its tau and the step it measured.
     heldout_tau: float | None = None
     heldout_step: int | None = None
@@ -137,7 +140,10 @@ def _bottom_line(facts: HeaderFacts, colours: dict[str, str], bar_width: int) ->
         bottom.append(f"{facts.heldout_tau:.3f}", style=f"bold {colours['accent']}")
         at = "" if facts.heldout_step is None else f" @{facts.heldout_step:,}"
         bottom.append(f"{at}  │ ")
-    if facts.age_s is None:
+    if facts.updated_at is not None:
+        shown = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(facts.updated_at))
+        bottom.append(f"run time {shown}")
+    elif facts.age_s is None:
         bottom.append("no data yet", style="dim")
     else:
         stale = facts.age_s > STALE_AFTER_S

@@ -4,6 +4,7 @@ every control call before the transport sees it, and the app's cursor keys."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -160,8 +161,11 @@ async def test_replay_app_cursor_keys_and_no_control(tmp_path: Path) -> None:
         await pilot.press("[")
         assert timeline.position < timeline.next_step(1)
         for key in ("l", "S", "R", "m"):
+            toasts = len(app.toasts)
             await pilot.press(key)
             assert app.screen is app.main_screen(), key
+            # Said, not silently ignored.
+            assert len(app.toasts) == toasts + 1 and "replay is read-only" in app.toasts[-1][1]
         await pilot.press("end")
         bar = app.screen.query_one(ReplayBar)
         # The bar is redrawn on the app's refresh tick, not on the key.
@@ -172,6 +176,9 @@ async def test_replay_app_cursor_keys_and_no_control(tmp_path: Path) -> None:
         assert f"line {len(timeline):,}/{len(timeline):,}" in shown and "step 299" in shown
         header = str(app.screen.query_one(RunHeader).render())
         assert "READ-ONLY" in header and "RUNNING" in header
+        # The last update is the run's own time at the cursor, not "0 s ago".
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timeline.time(timeline.end)))
+        assert f"run time {at}" in header and "ago" not in header
     assert not [w for w in app.workers if w.group == "control"]
 
 
