@@ -172,7 +172,8 @@ class MainScreen(Screen[None]):
     def _confirm_launch(self, argv: list[str] | None) -> None:
         if argv is None:
             return
-        body = f"run dir {self.console.run_dir}\n\ndflash-train train {shlex.join(argv)}"
+        command = "launch" if argv[:1] == ["--prepare"] else "train"
+        body = f"run dir {self.console.run_dir}\n\ndflash-train {command} {shlex.join(argv)}"
 
         def go(yes: bool | None) -> None:
             if yes:

@@ -395,7 +395,10 @@ class Session:
     ) -> Reply:
         self._require_control("launch")
         args = [check_inert(f"launch argument {i + 1}", a) for i, a in enumerate(train_args)]
-        argv = ["launch", self.run_dir, *self._start_options(env or {}), "--", *args]
+        # `--prepare -- PREPARE_ARGS -- TRAIN_ARGS` (the form's "prepare first") is launch's
+        # own form: no `--` goes before it.
+        rest = args if args[:1] == ["--prepare"] else ["--", *args]
+        argv = ["launch", self.run_dir, *self._start_options(env or {}), *rest]
         return await self._call("launch", argv, self._start_timeout)
 
     async def stop(self, timeout: float = 60) -> Reply:
