@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING
 import platformdirs
 
 from dflash_train import protocol
+from dflash_train.config.recipes import CPU_DEMO
 from dflash_train.protocol import Reply
 from dflash_tui.messages import ControlDone, Note
+from dflash_tui.sources.launch_fields import form_fields
 
 if TYPE_CHECKING:
     from dflash_tui.app import DflashApp
@@ -24,21 +26,6 @@ if TYPE_CHECKING:
 # Small enough to prepare in a couple of minutes on two CPU cores.
 DEMO_SAMPLES = 24
 DEMO_NEW_TOKENS = 64
-# The values the launch form offers, and what the demo launches with: a one-layer drafter
-# and short sequences so 2 CPU cores make visible progress; many epochs so it keeps going.
-DEMO_TRAIN = {
-    "target_model": "smollm2",
-    "target_gpus": "cpu",
-    "drafter_gpus": "cpu",
-    "pipeline": "async",
-    "epochs": "1000",
-    "lr": "6e-4",
-    "hs_queue_depth": "8",
-    "hs_min_ready": "2",
-    "max_steps": "",
-    "extra": "--draft-layers 1 --max-length 256 --block-size 8 --num-anchors 8 "
-    "--tokens-per-batch 768 --num-buckets 2 --save-every 100 --keep-checkpoints 2",
-}
 PROGRESS_EVERY_S = 1.0
 _SPLIT = re.compile(rb"[\r\n]+")
 
@@ -66,7 +53,8 @@ class DemoPaths:
 
 
 def launch_defaults(paths: DemoPaths) -> dict[str, str]:
-    return {**DEMO_TRAIN, "data_dir": str(paths.data_dir)}
+    """What the launch form offers, and what the demo launches with: the cpu_demo recipe."""
+    return {**form_fields(CPU_DEMO.texts), "data_dir": str(paths.data_dir)}
 
 
 def prepare_argv(paths: DemoPaths) -> list[str]:
@@ -156,7 +144,7 @@ async def start_demo_run(app: DflashApp, paths: DemoPaths) -> None:
         return
     if not paths.ready_marker.exists() and not await prepare_data(app, paths):
         return
-    from dflash_tui.screens.launch_fields import train_args
+    from dflash_tui.sources.launch_fields import train_args
 
     app.post_message(Note("info", "launching the demo run (CPU, tiny drafter)…"))
     reply = await app.session.launch(train_args(app.options.launch_defaults))

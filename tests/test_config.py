@@ -181,7 +181,7 @@ def test_the_config_package_is_standard_library_only() -> None:
 
 
 def test_the_launch_form_checks_with_the_option_table() -> None:
-    from dflash_tui.screens.launch_fields import LAUNCH_FIELDS, FieldError, check_field
+    from dflash_tui.sources.launch_fields import LAUNCH_FIELDS, FieldError, check_field
 
     for field in LAUNCH_FIELDS:
         if field.flag is not None:

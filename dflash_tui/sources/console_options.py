@@ -4,12 +4,12 @@ PROFILE`, the fleet's Enter and the demo all build their options here. Imports n
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from dflash_tui.sources.alerts import DEFAULT_CHANNELS
+from dflash_tui.sources.launch_fields import form_fields
 from dflash_tui.sources.profiles import LaunchDefaults, Profile, ProfileError, remember
 
 
@@ -35,32 +35,9 @@ class ConsoleOptions:
     env_file: str | None = None
 
 
-# What the launch form offers where the profile says nothing.
-FORM_DEFAULTS = {
-    "pipeline": "async",
-    "epochs": "6",
-    "lr": "6e-4",
-    "hs_queue_depth": "8",
-    "hs_min_ready": "2",
-}
-
-
 def form_defaults(launch: LaunchDefaults) -> dict[str, str]:
     """A profile's launch defaults as the launch form's text fields."""
-    values = dict(FORM_DEFAULTS)
-    for name in ("target_model", "data_dir", "target_gpus", "drafter_gpus", "epochs", "lr"):
-        value = getattr(launch, name)
-        if value is not None:
-            values[name] = str(value)
-    for name in ("hs_queue_depth", "hs_min_ready"):
-        value = getattr(launch, name)
-        if value is not None:
-            values[name] = str(value)
-    extra = list(launch.extra_args)
-    if launch.max_length is not None:
-        extra = ["--max-length", str(launch.max_length), *extra]
-    values["extra"] = shlex.join(extra)
-    return values
+    return form_fields(launch.texts(), launch.extra_args)
 
 
 def console_options(profile: Profile, target_name: str) -> ConsoleOptions:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,8 @@ import tomlkit
 from tomlkit.exceptions import TOMLKitError
 from tomlkit.items import Table
 
+from dflash_train.config import OPTIONS, Option
+from dflash_train.config.options import OptionError
 from dflash_tui.sources.alerts import DEFAULT_CHANNELS, check_channels
 from dflash_tui.sources.session import DEFAULT_TRAINER, check_inert
 from dflash_tui.sources.transport import DEFAULT, LocalTransport, Transport
@@ -52,28 +54,55 @@ class ProfileError(ValueError):
     """One line naming the file, the field and what is wrong with it."""
 
 
-@dataclass(frozen=True)
 class LaunchDefaults:
-    """Arguments for `dflash-train train` that a launch starts from."""
+    """Arguments for `dflash-train train` that a launch starts from: any train option by its
+    name (`launch.epochs`; None when not given), as the config file holds it, in the file's
+    order, then `extra_args` as given. `_parse_launch` checks each by the trainer's table."""
 
-    target_model: str | None = None
-    data_dir: str | None = None
-    target_gpus: str | None = None
-    drafter_gpus: str | None = None
-    epochs: int | None = None
-    lr: float | None = None
-    hs_queue_depth: int | None = None
-    hs_min_ready: int | None = None
-    max_length: int | None = None
-    extra_args: tuple[str, ...] = ()
+    def __init__(self, extra_args: Sequence[str] = (), **options: Any) -> None:
+        for name in options:
+            if name not in OPTIONS:
+                raise ProfileError(f"{name}: not a train option")
+        # Lists (device lists) held as tuples: a profile is frozen and hashable.
+        self.options: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in options.items()
+        }
+        self.extra_args = tuple(extra_args)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in OPTIONS:
+            return self.__dict__["options"].get(name)
+        raise AttributeError(name)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LaunchDefaults):
+            return NotImplemented
+        return (self.options, self.extra_args) == (other.options, other.extra_args)
+
+    def __hash__(self) -> int:
+        return hash((tuple(self.options.items()), self.extra_args))
+
+    def __repr__(self) -> str:
+        given = [f"{k}={v!r}" for k, v in self.options.items()]
+        if self.extra_args:
+            given.append(f"extra_args={self.extra_args!r}")
+        return f"LaunchDefaults({', '.join(given)})"
+
+    def texts(self) -> dict[str, str]:
+        """Each option's value as a `dflash-train train` word."""
+        return {name: _launch_text(value) for name, value in self.options.items()}
 
     def train_args(self) -> list[str]:
-        args: list[str] = []
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name != "extra_args" and value is not None:
-                args += [f"--{f.name.replace('_', '-')}", str(value)]
+        args = [w for name, text in self.texts().items() for w in (OPTIONS[name].flag, text)]
         return args + list(self.extra_args)
+
+
+def _launch_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):  # a device list: [0, 1] is "0,1"
+        return ",".join(str(v) for v in value)
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -150,17 +179,18 @@ _PROFILE_FIELDS: dict[str, tuple[Any, str]] = {
     "port": _INT,
     "watch": (bool, "true or false"),
 }
-_LAUNCH_FIELDS: dict[str, tuple[Any, str]] = {
-    "target_model": _TEXT,
-    "data_dir": _TEXT,
-    "target_gpus": _TEXT,
-    "drafter_gpus": _TEXT,
-    "epochs": _INT,
-    "lr": _NUMBER,
-    "hs_queue_depth": _INT,
-    "hs_min_ready": _INT,
-    "max_length": _INT,
+# The TOML type each kind of train option takes in a launch table; the option's own rule
+# (bounds, choices, devices) is the trainer's table's.
+_LAUNCH_KINDS: dict[str, tuple[Any, str]] = {
+    "int": _INT,
+    "float": _NUMBER,
+    "bool": (bool, "true or false"),
+    "str": _TEXT,
+    "choice": _TEXT,
+    "devices": ((str, list), "a device list such as '0,1' or 'cpu'"),
 }
+# Where the run lives is the profile's run_dir; the launch gives it.
+_NOT_IN_LAUNCH = ("output_dir",)
 
 
 def _text_list(where: str, value: Any) -> tuple[str, ...]:
@@ -174,12 +204,25 @@ def _parse_launch(where: str, table: Any) -> LaunchDefaults:
     for key, raw in table.items():
         if key == "extra_args":
             values[key] = _text_list(f"{where}.extra_args", raw)
-        elif key in _LAUNCH_FIELDS:
-            kind, what = _LAUNCH_FIELDS[key]
-            values[key] = _check(f"{where}.{key}", raw, kind, what)
+        elif key in OPTIONS and key not in _NOT_IN_LAUNCH:
+            values[key] = _launch_value(f"{where}.{key}", OPTIONS[key], raw)
         else:
             raise ProfileError(f"{where}.{key}: unknown setting")
     return LaunchDefaults(**values)
+
+
+def _launch_value(where: str, spec: Option, raw: Any) -> Any:
+    """The TOML value as given, once the option's table has accepted it."""
+    kind, what = _LAUNCH_KINDS[spec.kind]
+    _check(where, raw, kind, what)
+    if isinstance(raw, list):
+        for i, item in enumerate(raw):
+            _check(f"{where}[{i}]", item, (str, int), "a device")
+    try:
+        spec.parse(raw)
+    except OptionError as exc:
+        raise ProfileError(f"{where}: {exc}") from None
+    return raw
 
 
 def parse_profile(name: str, table: Any, *, where: str = "") -> Profile:
@@ -254,7 +297,7 @@ def _parse_config(text: str, path: Path) -> Config:
     _check(f"{path}: keys", keys, dict, "a table of key bindings")
     for name, key in keys.items():
         if not isinstance(key, str) or not key.strip() or " " in key:
-            raise ProfileError(f"{path}: keys.{name}: expected a key name such as \"ctrl+s\"")
+            raise ProfileError(f'{path}: keys.{name}: expected a key name such as "ctrl+s"')
     try:
         profiles = {name: parse_profile(name, table) for name, table in tables.items()}
     except ProfileError as exc:
@@ -270,11 +313,11 @@ def _profile_table(profile: Profile) -> dict[str, Any]:
         if f.name in ("name", "launch") or value == getattr(defaults, f.name):
             continue
         table[f.name] = list(value) if isinstance(value, tuple) else value
-    launch = {
-        f.name: list(v) if isinstance(v := getattr(profile.launch, f.name), tuple) else v
-        for f in fields(profile.launch)
-        if getattr(profile.launch, f.name) not in (None, ())
+    launch: dict[str, Any] = {
+        name: list(v) if isinstance(v, tuple) else v for name, v in profile.launch.options.items()
     }
+    if profile.launch.extra_args:
+        launch["extra_args"] = list(profile.launch.extra_args)
     if launch:
         table["launch"] = launch
     return table

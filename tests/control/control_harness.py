@@ -14,31 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from dflash_train import protocol
+from dflash_train.config.recipes import CPU_TINY
 from dflash_train.rundir import RunDir, lock_is_held, read_json
 from dflash_train.stream.writer import StatusWriter
 
 # The smallest real training the trainer accepts on SmolLM2: one drafter layer, short
 # blocks, tiny batches, so steps take well under a second on a busy 2-core box.
-SMALL_TRAIN = [
-    "--target-gpus",
-    "cpu",
-    "--drafter-gpus",
-    "cpu",
-    "--draft-layers",
-    "1",
-    "--block-size",
-    "4",
-    "--num-anchors",
-    "8",
-    "--max-length",
-    "128",
-    "--tokens-per-batch",
-    "512",
-    "--epochs",
-    "1000",
-    "--save-every",
-    "3",
-]
+SMALL_TRAIN = [*CPU_TINY.argv(), "--epochs", "1000", "--save-every", "3"]
 
 
 def dflash_argv(*args: str) -> list[str]:

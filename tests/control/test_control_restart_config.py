@@ -14,6 +14,7 @@ from control_harness import cli, decode_all, trainer_env_args
 
 from dflash_train import protocol
 from dflash_train.config.cli_options import resolve_train_args
+from dflash_train.config.recipes import CPU_TINY
 from dflash_train.control.run_config import (
     OverrideError,
     changed_options,
@@ -95,11 +96,8 @@ def test_a_run_launched_before_configs_were_recorded_restarts_from_its_args(
 # A randomly initialised tiny target keeps the starts quick; what is checked is which
 # options a restart applies, not what the drafter learns.
 TINY_RUN = [
-    "--target-model", "random:tiny",
-    "--target-gpus", "cpu", "--drafter-gpus", "cpu", "--pipeline", "sync",
-    "--draft-layers", "1", "--target-layers", "1", "--block-size", "4",
-    "--num-anchors", "8", "--max-length", "128", "--tokens-per-batch", "512",
-    "--num-buckets", "2", "--epochs", "1000", "--save-every", "3", "--warmup-ratio", "0",
+    "--target-model", "random:tiny", *CPU_TINY.argv(), "--pipeline", "sync",
+    "--epochs", "1000", "--save-every", "3", "--warmup-ratio", "0",
 ]  # fmt: skip
 
 

@@ -14,17 +14,14 @@ from control_harness import cli, decode_all, trainer_env_args
 
 from dflash_train import protocol
 from dflash_train.checkpoint.store import is_complete
+from dflash_train.config.recipes import CPU_TINY
 from dflash_train.rundir import lock_is_held, read_json
 
 # A randomly initialised tiny target keeps three trainer starts quick; pruning, run ids and
 # resume do not depend on the weights. keep 1: the old code pruned across runs by step.
 TRAIN = [
-    "--target-model", "random:tiny",
-    "--target-gpus", "cpu", "--drafter-gpus", "cpu", "--pipeline", "sync",
-    "--draft-layers", "1", "--target-layers", "1", "--block-size", "4",
-    "--num-anchors", "8", "--max-length", "128", "--tokens-per-batch", "512",
-    "--num-buckets", "2", "--epochs", "50", "--max-steps", "6", "--save-every", "3",
-    "--keep-checkpoints", "1",
+    "--target-model", "random:tiny", *CPU_TINY.argv(), "--pipeline", "sync",
+    "--epochs", "50", "--max-steps", "6", "--save-every", "3", "--keep-checkpoints", "1",
 ]  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from dflash_train import protocol
+from dflash_train.config.recipes import CPU_TINY
 from dflash_train.training.run import gpu_roles
 
 
@@ -21,13 +22,12 @@ def test_two_gloo_ranks_train_and_rank0_writes(tmp_path: Path, prepared_data_dir
         "--target-model", "random:tiny",
         "--data-dir", str(prepared_data_dir),
         "--output-dir", str(run_dir),
+        *CPU_TINY.argv(),
         "--drafter-gpus", "cpu,cpu",
         "--target-gpus", "cpu,cpu",
         "--pipeline", "sync",
         "--max-steps", "3",
         "--save-every", "2",
-        "--draft-layers", "1", "--target-layers", "1", "--block-size", "4",
-        "--num-anchors", "8", "--tokens-per-batch", "512", "--max-length", "128",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)

@@ -16,22 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from dflash_train import protocol
+from dflash_train.config.recipes import CPU_TINY
 from dflash_train.rundir import lock_is_held
 
 TRAINER = (sys.executable, "-m", "dflash_train")
 # One drafter layer on one target layer, 4-token blocks, ~6 batches an epoch: about one
 # step a second on two shared cores.
-TINY_TRAIN = (
-    "--draft-layers", "1",
-    "--target-layers", "1",
-    "--block-size", "4",
-    "--num-anchors", "8",
-    "--tokens-per-batch", "512",
-    "--max-length", "128",
-    "--num-buckets", "2",
-    "--target-gpus", "cpu",
-    "--drafter-gpus", "cpu",
-)  # fmt: skip
+TINY_TRAIN = tuple(CPU_TINY.argv())
 
 
 def tiny_train_args(target: str, data_dir: Path, *extra: str) -> list[str]:

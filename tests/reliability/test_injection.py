@@ -22,9 +22,9 @@ import pytest
 
 from dflash_train.protocol import Reply
 from dflash_tui import cli
-from dflash_tui.screens.launch_fields import train_args as form_train_args
-from dflash_tui.screens.launch_fields import validate_form
 from dflash_tui.screens.min_ready_prompt import check_min_ready
+from dflash_tui.sources.launch_fields import train_args as form_train_args
+from dflash_tui.sources.launch_fields import validate_form
 from dflash_tui.sources.session import InputError, Session
 from tests.reliability.console_side import ssh_transport, trusted
 from tests.sshd import ClientKey, OpenSshServer

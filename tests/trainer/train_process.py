@@ -11,18 +11,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dflash_train import protocol
+from dflash_train.config.recipes import CPU_TINY
 
 # Small everything: one drafter layer fed by one target layer, short blocks, small batches.
-TINY = (
-    "--draft-layers", "1",
-    "--target-layers", "1",
-    "--block-size", "4",
-    "--num-anchors", "8",
-    "--tokens-per-batch", "512",
-    "--max-length", "128",
-    "--num-buckets", "2",
-    "--lr", "3e-3",
-)  # fmt: skip
+TINY = (*CPU_TINY.argv(), "--lr", "3e-3")
 
 
 def train_env(**extra: str) -> dict[str, str]:

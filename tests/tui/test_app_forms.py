@@ -9,10 +9,10 @@ import pytest
 from textual.widgets import Input, Static
 
 from dflash_tui.screens.confirm import ConfirmDialog
-from dflash_tui.screens.launch_fields import LAUNCH_FIELDS, train_args, validate_form
 from dflash_tui.screens.launch_form import LaunchForm
 from dflash_tui.screens.min_ready_prompt import MinReadyPrompt
 from dflash_tui.screens.restart_dialog import RestartDialog, parse_overrides
+from dflash_tui.sources.launch_fields import LAUNCH_FIELDS, train_args, validate_form
 from tests.tui.console_harness import (
     TRAINER,
     VALID_FORM,

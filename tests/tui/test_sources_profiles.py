@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from dflash_tui.sources.console_options import form_defaults
 from dflash_tui.sources.profiles import (
     Config,
     LaunchDefaults,
@@ -123,6 +124,53 @@ def test_bad_config_names_the_field(tmp_path: Path, text: str, message: str) -> 
         load_config(path)
     assert str(path) in str(info.value)
     assert "\n" not in str(info.value)
+
+
+ANY_OPTIONS = """
+[profiles.a.launch]
+num_anchors = 64
+distill = 0.5
+target_gpus = [0, 1]
+compile_target = false
+extra_args = ["--seed", "3"]
+"""
+
+
+def test_a_launch_table_takes_any_train_option(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(ANY_OPTIONS)
+    launch = load_config(path).get("a").launch
+    assert launch.num_anchors == 64 and launch.target_gpus == (0, 1) and launch.lr is None
+    assert launch.train_args() == [
+        "--num-anchors", "64", "--distill", "0.5", "--target-gpus", "0,1",
+        "--compile-target", "false", "--seed", "3",
+    ]  # fmt: skip
+    form = form_defaults(launch)
+    assert form["target_gpus"] == "0,1" and form["lr"] == "6e-4"
+    assert form["extra"] == "--num-anchors 64 --distill 0.5 --compile-target false --seed 3"
+    save_config(Config({"a": load_config(path).get("a")}), path)
+    assert load_config(path).get("a").launch == launch
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("num_anchors = 0", "profiles.a.launch.num_anchors: 0 is out of range 1.."),
+        ('attention = "fast"', "profiles.a.launch.attention: expected one of 'auto', 'sdpa'"),
+        ('target_gpus = "gpu0"', "profiles.a.launch.target_gpus: 'gpu0' is not a device"),
+        ("target_gpus = [true]", r"profiles.a.launch.target_gpus\[0\]: expected a device"),
+        ('lr = "fast"', "profiles.a.launch.lr: expected a number, got str"),
+        ('output_dir = "/r"', "profiles.a.launch.output_dir: unknown setting"),
+        ("lrr = 1", "profiles.a.launch.lrr: unknown setting"),
+    ],
+)
+def test_a_launch_option_is_checked_by_the_option_table(
+    tmp_path: Path, entry: str, message: str
+) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(f"[profiles.a.launch]\n{entry}\n")
+    with pytest.raises(ProfileError, match=message):
+        load_config(path)
 
 
 def test_save_round_trips(tmp_path: Path) -> None:

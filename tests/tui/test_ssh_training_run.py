@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dflash_train.config.recipes import CPU_TINY
 from dflash_train.protocol import StatusLine, decode_line
 from dflash_train.rundir import lock_is_held
 from dflash_tui.sources.transport import SshTransport
@@ -19,13 +20,7 @@ from tests.sshd import InProcessServer, OpenSshServer
 from tests.tui.conftest import Watcher, wait_for
 
 TINY_TRAINER = [
-    "--draft-layers", "1",
-    "--target-layers", "1",
-    "--block-size", "4",
-    "--num-anchors", "8",
-    "--tokens-per-batch", "512",
-    "--max-length", "128",
-    "--num-buckets", "2",
+    *CPU_TINY.argv(),
     "--max-steps", "100000",
     "--save-every", "2",
     "--keep-checkpoints", "2",

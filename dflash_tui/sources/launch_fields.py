@@ -1,16 +1,18 @@
 """The launch form's fields: which trainer options it asks for, each checked by the option's
-own rule from the trainer's table (`dflash_train.config`), and the flags they become. No
-Textual here, so the rules can be read (and tested) on their own."""
+own rule from the trainer's table (`dflash_train.config`), what each offers where nothing
+else says (the table's default), and the flags they become. No Textual here, so the rules
+can be read (and tested) on their own."""
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dflash_train import protocol
 from dflash_train.config import OPTIONS
-from dflash_train.config.options import OptionError
+from dflash_train.config.options import Option, OptionError
 
 
 class FieldError(ValueError):
@@ -69,6 +71,26 @@ def _extra_args(text: str) -> str:
     return text.strip()
 
 
+def typed_text(spec: Option, value: Any) -> str:
+    """A value as one types it: a float below 1e-3 in exponent notation (6e-4, as learning
+    rates are written, not 0.0006), anything else as the option table writes it."""
+    plain = spec.text(value)
+    if isinstance(value, float) and 0 < abs(value) < 1e-3:
+        # The fewest mantissa digits that read back as the same float.
+        mantissa, _, exponent = next(
+            text for digits in range(17) if float(text := f"{value:.{digits}e}") == value
+        ).partition("e")
+        return f"{mantissa}e{int(exponent)}"
+    return plain
+
+
+def default_text(spec: Option) -> str | None:
+    """What a field offers where nothing else says: the table's default (a live setting's
+    is the protocol's); None when the option has none."""
+    default = protocol.DEFAULT_SETTINGS.get(spec.name, spec.default)
+    return None if default is None else typed_text(spec, default)
+
+
 @dataclass(frozen=True)
 class LaunchField:
     name: str
@@ -82,14 +104,13 @@ class LaunchField:
 def _field(name: str, label: str, placeholder: str = "") -> LaunchField:
     """A form field for a trainer option: flag, check, help and default from its table."""
     spec = OPTIONS[name]
-    default = protocol.DEFAULT_SETTINGS.get(name, spec.default)
     bounds = spec.bounds()
     return LaunchField(
         name,
         label,
         spec.flag,
         _devices(name) if spec.kind == "devices" else _option_check(name),
-        placeholder or spec.text(default),
+        placeholder or default_text(spec) or "",
         f"{spec.help} ({bounds})" if bounds else spec.help,
     )
 
@@ -102,7 +123,7 @@ LAUNCH_FIELDS: tuple[LaunchField, ...] = (
     _field("drafter_gpus", "drafter GPUs", "cpu or 3"),
     _field("pipeline", "pipeline", "sync or async"),
     _field("epochs", "epochs"),
-    _field("lr", "learning rate", "6e-4"),
+    _field("lr", "learning rate"),
     _field("hs_queue_depth", "hs-queue-depth"),
     _field("hs_min_ready", "hs-min-ready"),
     _field("max_steps", "max steps", "blank: all"),
@@ -112,6 +133,27 @@ LAUNCH_FIELDS: tuple[LaunchField, ...] = (
     ),
 )  # fmt: skip
 FIELD_NAMES = tuple(f.name for f in LAUNCH_FIELDS)
+# What the form offers where the profile (or the demo's recipe) says nothing.
+FORM_DEFAULTS: dict[str, str] = {
+    f.name: text
+    for f in LAUNCH_FIELDS
+    if f.flag is not None and (text := default_text(OPTIONS[f.name])) is not None
+}
+
+
+def form_fields(texts: Mapping[str, str], extra_args: Sequence[str] = ()) -> dict[str, str]:
+    """Train options as typed, by name (a recipe's, a profile's launch table), as the form's
+    fields over FORM_DEFAULTS: an option without a field of its own goes to extra args, in
+    the order given, before `extra_args`."""
+    values = dict(FORM_DEFAULTS)
+    extra: list[str] = []
+    for name, text in texts.items():
+        if name in FIELD_NAMES:
+            values[name] = text
+        else:
+            extra += [OPTIONS[name].flag, text]
+    values["extra"] = shlex.join([*extra, *extra_args])
+    return values
 
 
 def check_field(name: str, text: str) -> str:
