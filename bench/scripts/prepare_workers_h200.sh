@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One H200 call (about 5 minutes) for issue 29: bench/prepare_workers.py's tokens/s of one
+# One H200 call (about 5.5 minutes) for issue 29: bench/prepare_workers.py's tokens/s of one
 # prepare worker against two sharing the GPU, and the host-RAM peak of two replicas
 # loading at once (the old host copy + .to(device) against load_target's direct load).
 #
@@ -25,5 +25,5 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export DFLASH_CACHE_DIR=$PWD/.bench_tok
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$OUT/gpu.txt"
 timeout -k 10 400 python3 bench/prepare_workers.py --out "$OUT/prepare_workers.json" \
-  --seconds "${SECONDS_EACH:-100}" 2>&1 | tail -c 200000 >"$OUT/prepare_workers.log"
+  --seconds "${SECONDS_EACH:-75}" 2>&1 | tail -c 200000 >"$OUT/prepare_workers.log"
 tail -c 3000 "$OUT/prepare_workers.log"
