@@ -16,10 +16,24 @@ from textual.widgets import Button, Input, Label, Static
 from dflash_tui.sources.launch_fields import (
     LAUNCH_FIELDS,
     FieldError,
+    LaunchField,
     check_field,
     train_args,
     validate_form,
 )
+from dflash_tui.sources.prepare_launch import (
+    HELP,
+    LABEL,
+    NAME,
+    PLACEHOLDER,
+    PrepareFieldError,
+    check_prepare,
+    launch_argv,
+)
+
+# The trainer's fields, then "prepare first" (a prepare, then training, in one launch).
+PREPARE_FIELD = LaunchField(NAME, LABEL, None, check_prepare, PLACEHOLDER, HELP)
+FIELDS = (*LAUNCH_FIELDS, PREPARE_FIELD)
 
 
 class LaunchForm(ModalScreen[list[str] | None]):
@@ -35,7 +49,7 @@ class LaunchForm(ModalScreen[list[str] | None]):
         with Vertical(id="launch-dialog", classes="dialog"):
             yield Static(f"Launch a run on {self.target}", classes="dialog-title")
             with VerticalScroll(id="launch-fields"):
-                for spec in LAUNCH_FIELDS:
+                for spec in FIELDS:
                     with Horizontal(classes="form-row"):
                         yield Label(spec.label, classes="form-label")
                         with Vertical(classes="form-cell"):
@@ -52,7 +66,7 @@ class LaunchForm(ModalScreen[list[str] | None]):
                 yield Button("Cancel", id="cancel")
 
     def raw_values(self) -> dict[str, str]:
-        return {s.name: self.query_one(f"#field-{s.name}", Input).value for s in LAUNCH_FIELDS}
+        return {s.name: self.query_one(f"#field-{s.name}", Input).value for s in FIELDS}
 
     def show_error(self, name: str, message: str) -> None:
         error = self.query_one(f"#error-{name}", Static)
@@ -68,8 +82,11 @@ class LaunchForm(ModalScreen[list[str] | None]):
     def _check_one(self, event: Input.Changed) -> None:
         name = (event.input.id or "").removeprefix("field-")
         try:
-            check_field(name, event.value)
-        except FieldError as exc:
+            if name == PREPARE_FIELD.name:
+                PREPARE_FIELD.check(event.value)
+            else:
+                check_field(name, event.value)
+        except (FieldError, PrepareFieldError) as exc:
             self.show_error(name, str(exc))
         else:
             self.show_error(name, "")
@@ -79,13 +96,17 @@ class LaunchForm(ModalScreen[list[str] | None]):
     def submit(self) -> None:
         self.last_values = self.raw_values()
         values, errors = validate_form(self.last_values)
-        for spec in LAUNCH_FIELDS:
+        try:
+            argv = launch_argv(self.last_values, train_args(values)) if not errors else []
+        except PrepareFieldError as exc:
+            errors[PREPARE_FIELD.name] = str(exc)
+        for spec in FIELDS:
             self.show_error(spec.name, errors.get(spec.name, ""))
         if errors:
-            first = next(s.name for s in LAUNCH_FIELDS if s.name in errors)
+            first = next(s.name for s in FIELDS if s.name in errors)
             self.query_one(f"#field-{first}", Input).focus()
             return
-        self.dismiss(train_args(values))
+        self.dismiss(argv)
 
     @on(Button.Pressed, "#cancel")
     def action_cancel(self) -> None:
