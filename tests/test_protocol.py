@@ -49,6 +49,17 @@ GOOD_FIELDS: dict[str, dict] = {
     "event": {"level": "info", "message": "hs_min_ready=30", "code": "control_applied"},
     "checkpoint": {"step": 100, "path": "checkpoints/step_0000100", "seconds": 1.5},
     "heartbeat": {},
+    "prepare": {
+        "prompts_done": 4096,
+        "prompts_total": 900000,
+        "answers_done": 4096,
+        "answers_total": 900000,
+        "answer_tokens": 1048576,
+        "tokens_per_s": 21000.5,
+        "truncated": 12,
+        "eta_s": None,
+        "devices": [{"device": "cuda:0", "tokens_per_s": 21000.5, "batch_size": 1024}],
+    },
     "run_end": {"reason": "completed", "exit_code": 0},
 }
 
