@@ -10,6 +10,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from dflash_train import protocol
+from dflash_train.pipeline.progress_line import ProgressLine
 
 if TYPE_CHECKING:
     from dflash_train.data.conversations import Conversation
@@ -56,6 +57,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="draft blocks of this size (default: the drafter's; at most that); repeat for "
         "several, greedy is decoded once and each size is reported under by_block_size",
     )
+
+
+class EvalProgress:
+    """stderr while prompts are decoded: prompts done of each phase (greedy, then each block
+    size) and, while drafting, tau so far; a tqdm bar on a terminal."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.phase: str | None = None
+        self.line: ProgressLine | None = None
+
+    def prompt_done(self, phase: str, done: int, tau: float | None) -> None:
+        if phase != self.phase:
+            self.close()
+            self.phase, self.line = phase, ProgressLine(f"eval {phase}:", self.total)
+        assert self.line is not None
+        figures = "prompts decoded" if tau is None else f"prompts, tau so far {tau:.3f}"
+        self.line.update(done, figures)
+
+    def close(self) -> None:
+        if self.line is not None:
+            self.line.close()
+            self.line = None
 
 
 def _reply(reply: protocol.Reply) -> None:
@@ -150,12 +174,16 @@ def _evaluate(
     except ValueError as exc:
         return _fail("bad_target", str(exc))
     print(f"eval: {len(ids)} prompts, up to {args.max_new_tokens} new tokens", file=sys.stderr)
+    progress = EvalProgress(len(ids))
     try:
         summaries = evaluate_prompts(
-            target, drafter, ids, args.max_new_tokens, stop_token_ids(target), sizes
-        )
+            target, drafter, ids, args.max_new_tokens, stop_token_ids(target), sizes,
+            on_prompt=progress.prompt_done,
+        )  # fmt: skip
     except ValueError as exc:  # a target CachedTarget cannot drive (hybrid)
         return _fail("bad_target", str(exc))
+    finally:
+        progress.close()
     assert isinstance(summaries, list)
     first = summaries[0]
     fields = _figures(first)

@@ -404,6 +404,7 @@ def evaluate_prompts(
     static: bool = False,
     greedy: dict[tuple[int, ...], Generation] | None = None,
     graphs: bool | None = None,
+    on_prompt: Callable[[str, int, float | None], None] | None = None,
 ) -> EvalSummary | list[EvalSummary]:
     """Decode every prompt greedily and speculatively (batch 1, one after the other, timed)
     and compare. With `block_sizes`, one summary per block size (greedy decoded once).
@@ -411,7 +412,9 @@ def evaluate_prompts(
     decodings kept from an earlier call with the same target (the in-run evaluation's,
     whose target is frozen): a prompt found there is not decoded greedily again.
     `graphs`: Decoder's (False: eager even on CUDA, as inside the trainer, whose other
-    threads allocate pinned memory, which a graph capture in progress forbids)."""
+    threads allocate pinned memory, which a graph capture in progress forbids).
+    `on_prompt(phase, prompts done, tau so far)` after each prompt: phase "greedy" (tau
+    None), then "block N" per block size (`eval`'s progress lines)."""
     sizes = list(block_sizes) if block_sizes else [drafter.config.block_size]
     longest = max(len(p) for p in prompt_token_ids)
     capacity = longest + max_new_tokens + max(sizes) + 1
@@ -433,12 +436,19 @@ def evaluate_prompts(
         if key not in cache:
             cache[key] = greedy_decode(decoder, p, max_new_tokens, stop_ids)
         plain.append(cache[key])
+        if on_prompt is not None:
+            on_prompt("greedy", len(plain), None)
     summaries = []
     for size, view in views.items():
-        spec = [
-            speculative_decode(decoder, view, p, max_new_tokens, stop_ids, runners[size])
-            for p in prompt_token_ids
-        ]
+        spec: list[Generation] = []
+        tokens = blocks = 0
+        for p in prompt_token_ids:
+            done = speculative_decode(decoder, view, p, max_new_tokens, stop_ids, runners[size])
+            spec.append(done)
+            if on_prompt is not None:
+                tokens += sum(done.block_lengths)
+                blocks += len(done.block_lengths)
+                on_prompt(f"block {size}", len(spec), tokens / blocks if blocks else None)
         summary = summarize(spec, plain, size)
         # After the timed decodes: greedy again for each mismatch, up to its divergence.
         found = (

@@ -72,6 +72,7 @@ class MonitorThread(threading.Thread):
         eval_inbox: EvalInbox | None = None,
         run_dir_watch: RunDirWatch | None = None,
         on_orphaned: Callable[[str], None] = lambda reason: None,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         super().__init__(name="monitor", daemon=True)
         self.writer = writer
@@ -90,6 +91,7 @@ class MonitorThread(threading.Thread):
         self.eval_inbox = eval_inbox
         self.run_dir_watch = run_dir_watch
         self.on_orphaned = on_orphaned
+        self.on_step = on_step  # the foreground's progress line (train's stderr)
         self.orphaned: str | None = None  # why the run dir is gone; then nothing is written
         self._items: collections.deque[StepRecord | tuple[str, dict[str, Any]]] = (
             collections.deque()
@@ -260,6 +262,8 @@ class MonitorThread(threading.Thread):
             "slot_acc": [round(a, 4) for a in figures.slot_acc],
         }
         self._write("step", **fields)
+        if self.on_step is not None:
+            self.on_step(fields)
         self._wandb_step = record.step
         if self.wandb is not None:
             wanted = ("loss", "acc", "tau", "lr", "grad_norm", "tokens", "ktok_s", "epoch")

@@ -24,6 +24,7 @@ from dflash_train.pipeline.control_watch import ControlWatcher, read_control_rev
 from dflash_train.pipeline.distributed import RankGroup, RankInfo, shard_devices, shard_positions
 from dflash_train.pipeline.monitor import MonitorIntervals, MonitorThread
 from dflash_train.pipeline.pool import HiddenStatePool
+from dflash_train.pipeline.progress_line import ProgressLine, step_figures
 from dflash_train.pipeline.run_dir_watch import RunDirWatch
 from dflash_train.pipeline.sources import AsyncSource, BatchLoader, SyncSource
 from dflash_train.pipeline.stage_timers import StageTimers
@@ -70,6 +71,7 @@ class TrainingRun:
         self.last_saved_step: int | None = None
         self.timers = StageTimers()
         self.monitor: MonitorThread | None = None
+        self.progress_line: ProgressLine | None = None  # train's stderr, on rank 0
         self.source: SyncSource | AsyncSource | None = None
         self.pool: HiddenStatePool[Any] | None = None  # the async pipeline's
         self.group: RankGroup | None = None
@@ -355,7 +357,14 @@ class TrainingRun:
             eval_inbox=EvalInbox(self.run_dir) if self.rank.is_main else None,
             run_dir_watch=RunDirWatch(self.run_dir.root, self.run_dir.status),
             on_orphaned=self._orphaned,
+            on_step=self._show_step if self.rank.is_main else None,
         )
+
+    def _show_step(self, fields: dict[str, Any]) -> None:
+        """One progress line per step line (every --log-every steps), on the monitor's thread."""
+        if self.progress_line is None:
+            self.progress_line = ProgressLine("step", self.total_steps)
+        self.progress_line.update(fields["step"], step_figures(fields))
 
     def _orphaned(self, reason: str) -> None:
         print(f"stopping: {reason}; writing nothing more there", file=sys.stderr)
@@ -517,6 +526,8 @@ class TrainingRun:
     def _shutdown_rest(self) -> None:
         if self.monitor is not None and self.monitor.is_alive():
             self.monitor.stop()
+        if self.progress_line is not None:
+            self.progress_line.close()
         if self.wandb is not None:
             self.wandb.close()
             self.wandb = None

@@ -33,14 +33,18 @@ def _random_drafter(target: Target, block_size: int = 4) -> DFlashDrafter:
     return DFlashDrafter(config).eval()
 
 
-def _cli(*args: str) -> tuple[int, protocol.Reply]:
-    proc = subprocess.run(
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-m", "dflash_train", *args],
         capture_output=True,
         text=True,
         timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
+
+
+def _cli(*args: str) -> tuple[int, protocol.Reply]:
+    proc = _run(*args)
     reply = protocol.decode_reply(proc.stdout)
     assert isinstance(reply, protocol.Reply), (proc.stdout, proc.stderr[-2000:])
     return proc.returncode, reply
@@ -118,7 +122,7 @@ def test_drafter_for_another_target_is_refused(smollm2: Target) -> None:
 
 def test_cli_eval_reports_one_json_line(smollm2: Target, tmp_path: Path) -> None:
     export_drafter(_random_drafter(smollm2), tmp_path / "drafter", dtype="float32")
-    code, reply = _cli(
+    proc = _run(
         "eval",
         "--target-model",
         "smollm2",
@@ -133,7 +137,12 @@ def test_cli_eval_reports_one_json_line(smollm2: Target, tmp_path: Path) -> None
         "--device",
         "cpu",
     )
+    code, reply = proc.returncode, protocol.decode_reply(proc.stdout)
+    assert isinstance(reply, protocol.Reply), proc.stderr[-2000:]
     assert code == 0 and reply.ok and reply.command == "eval"
+    progress = [line for line in proc.stderr.splitlines() if line.startswith("eval ")]
+    assert progress[0] == "eval greedy: 1/1  prompts decoded  ETA —", proc.stderr
+    assert progress[1].startswith("eval block ") and " 1/1  prompts, tau so far " in progress[1]
     assert reply.data["lossless"] is True and reply.data["dtype"] == "float32"
     assert reply.data["prompts"] == 1 and reply.data["blocks"] >= 1
     assert reply.data["tau"] >= 1.0 and reply.data["tokens_per_target_forward"] > 0

@@ -77,6 +77,16 @@ def test_sync_run_writes_the_stream_checkpoints_and_wandb(
     assert {r["_step"]: r["train/loss"] for r in rows} == losses_by_step(lines)
 
 
+def test_foreground_train_prints_a_progress_line_per_step_line(
+    sync_run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    _, done = sync_run
+    lines = [line for line in done.stderr.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["1/4", "2/4", "3/4", "4/4"], done.stderr
+    assert all(" loss " in line and " Ktok/s " in line for line in lines)
+    assert lines[0].endswith("ETA —") and lines[-1].endswith("ETA 0s")
+
+
 def test_async_run_answers_control_holds_the_lock_and_stops_on_sigterm(
     tmp_path: Path, prepared_data_dir: Path, smollm2_spec: str
 ) -> None:
