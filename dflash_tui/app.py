@@ -88,8 +88,6 @@ class DflashApp(App[None]):
         self.panes = PaneRefresh()
         self.theme_names: list[str] = []
         self._saved_theme = ""
-        # The last hs_min_ready set live: a restart offers it, or the run would lose it.
-        self.min_ready_choice: int | None = options.remembered_min_ready
         self.launch_draft: dict[str, str] = {}  # the launch form's fields as last left
         self.escapes_written: deque[str] = deque(maxlen=20)
         self.bells = 0
@@ -301,8 +299,7 @@ class DflashApp(App[None]):
 
     def send_min_ready(self, value: int) -> None:
         self._control("set", lambda: self.session.set_setting("hs_min_ready", str(value)))
-        self._remember("hs_min_ready", value)
-        self.min_ready_choice = value
+        self._remember("hs_min_ready", value)  # the launch form's default from now on
 
     @on(ControlDone)
     def _control_done(self, message: ControlDone) -> None:

@@ -182,11 +182,9 @@ class MainScreen(Screen[None]):
         self.app.push_screen(ConfirmDialog("Launch this run?", body, yes_label="Launch"), go)
 
     def action_restart(self) -> None:
-        choice = self.console.min_ready_choice
-        suggested = "" if choice is None else f"hs_min_ready={choice}"
-        dialog = RestartDialog(
-            self.console.run_label(), self.console.live_settings(), overrides=suggested
-        )
+        # No overrides offered: the box keeps the live-set values itself (restart's
+        # `carried`), so a plain restart changes nothing the operator did not ask for.
+        dialog = RestartDialog(self.console.run_label(), self.console.live_settings())
 
         def go(request: RestartRequest | None) -> None:
             if request is not None:

@@ -72,7 +72,8 @@ class RestartDialog(ModalScreen[RestartRequest | None]):
                 yield RadioButton("resume from the newest checkpoint", value=True, id="resume")
                 yield RadioButton("fresh: start again from step 0", id="fresh")
             yield Static(
-                "overrides (optional), any train option: e.g. epochs=8 lr=1e-4 hs_min_ready=4",
+                "overrides (optional), any train option: e.g. epochs=8 lr=1e-4 hs_min_ready=4; "
+                "live values set with m are kept unless an override names them",
                 classes="form-hint",
             )
             yield Input(self.overrides, placeholder="key=value …", id="overrides")

@@ -32,6 +32,7 @@ def render_events(
     rows: int,
 ) -> Text:
     lines: list[Text] = []
+    alert: Text | None = None  # the newest alert line: a crash's tail must not hide it
     for entry in entries:
         colour = {"warning": colours["warning"], "error": colours["error"]}.get(entry.level, "")
         line = Text(no_wrap=True, overflow="ellipsis")
@@ -40,12 +41,24 @@ def render_events(
         line.append(mark, style=colours["error"] if entry.source == "alert" else colours["accent"])
         line.append(entry.text, style=colour)
         lines.append(line)
+        if entry.source == "alert":
+            alert = line
+    rows = max(rows, 1)
     if log_tail:
-        lines.append(Text("── train.log (tail) ──", style=f"bold {colours['error']}"))
-        lines.extend(Text(row, no_wrap=True, overflow="ellipsis") for row in log_tail)
+        # The tail takes the pane's lower part under its label, and leaves the upper rows
+        # to the newest events, the alert among them.
+        keep = min(len(log_tail), max(1, rows - 3))
+        label = f"── train.log (last {keep} lines; L shows it all) ──"
+        tail = [Text(label, style=f"bold {colours['error']}")]
+        tail += [Text(row, no_wrap=True, overflow="ellipsis") for row in log_tail[-keep:]]
+        room = max(0, rows - len(tail))
+        top = lines[-room:] if room else []
+        if alert is not None and room and alert not in top:
+            top = [alert, *top[1:]]
+        lines = [*top, *tail]
     if not lines:
         return Text("no events yet", style="dim")
-    return Text("\n", no_wrap=True, overflow="ellipsis").join(lines[-max(rows, 1) :])
+    return Text("\n", no_wrap=True, overflow="ellipsis").join(lines[-rows:])
 
 
 class EventsLog(Static):

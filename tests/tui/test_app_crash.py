@@ -34,8 +34,12 @@ async def test_crash_shows_badge_and_log_tail(tmp_path: Path) -> None:
         await wait_until(pilot, lambda: bool(app.log_tail), timeout=30)
         assert TRACEBACK[-1] in app.log_tail
         events = app.screen.query_one(EventsLog)
-        await wait_until(pilot, lambda: "train.log (tail)" in str(events.render()))
-        assert "out of memory" in str(events.render())
+        await wait_until(pilot, lambda: "train.log (last" in str(events.render()))
+        shown = str(events.render())
+        assert "out of memory" in shown
+        # The tail is labelled and leaves the alert in sight above it.
+        assert "ALERT run crashed" in shown
+        assert shown.index("ALERT run crashed") < shown.index("train.log (last")
         assert "status" in transport.subcommands()
         assert transport.mutating() == []
 
