@@ -75,6 +75,8 @@ def prepare_argv(paths: DemoPaths) -> list[str]:
         str(DEMO_NEW_TOKENS),
         "--batch-size",
         "12",
+        "--heldout",  # the demo's evaluations decode 4 held-out prompts
+        "4",
         "--overwrite",
     ]
 

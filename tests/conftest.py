@@ -13,7 +13,6 @@ SMOLLM2_SPEC = "smollm2"
 # Small enough to generate in ~15 s on 2 cores, long enough for 16-token blocks.
 PREPARED_SAMPLES = 24
 PREPARED_NEW_TOKENS = 48
-PREPARED_HELDOUT = 2
 
 
 @pytest.fixture(scope="session")
@@ -42,8 +41,8 @@ def prepared_data_dir(
     tmp_path_factory: pytest.TempPathFactory, smollm2_target: Path, smollm2_spec: str
 ) -> Path:
     """A dataset directory written by the real prepare with SmolLM2: 24 greedy answers of up
-    to 48 tokens to built-in train prompts, in 2 shards, with prepare.json, and heldout.jsonl
-    (2 built-in eval prompts and their answers). Treat it as
+    to 48 tokens to built-in train prompts, in 2 shards, with prepare.json and no held-out
+    set (heldout.jsonl). Treat it as
     read-only; copy it to damage it."""
     from dflash_train.data.prepare import PrepareConfig, prepare_dataset
 
@@ -59,9 +58,10 @@ def prepared_data_dir(
         # prompts of different lengths still share it (the same rows as batches of 8).
         batch_size=PREPARED_SAMPLES,
         num_shards=2,
-        # Two built-in eval prompts answered into heldout.jsonl (the held-out tests decode
-        # both): a few seconds, where the default 40 would double the fixture's time.
-        heldout=PREPARED_HELDOUT,
+        # No held-out set: the runs of the other tests evaluate nothing (tests/trainer/
+        # test_heldout_eval.py adds one to its own copy), where the default 40 prompts
+        # would double the fixture's time and put an evaluation at every checkpoint.
+        heldout=0,
     )
     import torch
 

@@ -63,7 +63,7 @@ class HeldoutEvaluator:
             explicit = self.run.config.run.eval_data is not None
             if explicit:
                 raise
-            self._warn("eval_off", f"held-out evaluation off: {exc}")
+            self._say("info", "eval_off", f"held-out evaluation off: {exc}")
             return
         print(
             f"held-out set: {len(self.heldout)} prompts, {len(self.heldout.rows)} answers "
@@ -82,6 +82,8 @@ class HeldoutEvaluator:
             self.evaluate(step)
 
     def evaluate(self, step: int) -> None:
+        import torch
+
         from dflash_train.model.compile_guard import GUARD
 
         run = self.run
@@ -90,7 +92,9 @@ class HeldoutEvaluator:
             run.monitor.touch()
         started = time.monotonic()
         try:
-            with GUARD.held():
+            # Its own RNG stream: the run's (saved in the checkpoint just written) must go on
+            # as if no evaluation had run, or a resumed run would not repeat this one.
+            with GUARD.held(), torch.random.fork_rng(devices=self._cuda_indices()):
                 fields = self._measure()
         except Exception as exc:  # an evaluation never ends the training
             message = f"held-out evaluation at step {step} failed: {type(exc).__name__}: {exc}"
@@ -116,6 +120,10 @@ class HeldoutEvaluator:
             run.monitor.emit(
                 "event", level="info", code="eval", message=message, checkpoint=str(path), **fields
             )
+
+    def _cuda_indices(self) -> list[int]:
+        devices = [*self.run.target_devices, self.run.device]
+        return sorted({d.index or 0 for d in devices if d.type == "cuda"})
 
     def _measure(self) -> dict[str, Any]:
         from dflash_train.data.prepare import conversation_prompt_ids, stop_token_ids
@@ -158,6 +166,9 @@ class HeldoutEvaluator:
         return self._drafter
 
     def _warn(self, code: str, message: str, **fields: Any) -> None:
+        self._say("warning", code, message, **fields)
+
+    def _say(self, level: str, code: str, message: str, **fields: Any) -> None:
         print(message, file=sys.stderr)
         if self.run.monitor is not None:
-            self.run.monitor.emit("event", level="warning", code=code, message=message, **fields)
+            self.run.monitor.emit("event", level=level, code=code, message=message, **fields)

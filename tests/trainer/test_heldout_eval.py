@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from train_process import run_train, status_lines, train_argv
@@ -39,13 +40,32 @@ def _cli(*args: str) -> protocol.Reply:
 
 
 @pytest.fixture(scope="module")
+def heldout_data(
+    tmp_path_factory: pytest.TempPathFactory, prepared_data_dir: Path, smollm2: Target
+) -> Path:
+    """The session's prepared data with what `prepare --heldout 2` adds: 2 built-in eval
+    prompts answered by the target (prepare's own function) in heldout.jsonl."""
+    from dflash_train.data.heldout import answer_heldout, split_off_heldout
+    from dflash_train.data.prepare import stop_token_ids
+
+    data = tmp_path_factory.mktemp("heldout") / "data"
+    shutil.copytree(prepared_data_dir, data)
+    held, _, _ = split_off_heldout(["builtin"], [], [], 2, 0)
+    text = answer_heldout(
+        smollm2, held, max_new_tokens=48, batch_size=2, stop_ids=stop_token_ids(smollm2)
+    )
+    (data / HELDOUT_FILE).write_text(text, encoding="utf-8")
+    return data
+
+
+@pytest.fixture(scope="module")
 def eval_run(
-    tmp_path_factory: pytest.TempPathFactory, prepared_data_dir: Path, smollm2_spec: str
+    tmp_path_factory: pytest.TempPathFactory, heldout_data: Path, smollm2_spec: str
 ) -> Path:
     """Six sync steps, evaluated at 3 and 6, keeping one checkpoint (and the best)."""
     run_dir = tmp_path_factory.mktemp("evalrun") / "run"
     argv = train_argv(
-        smollm2_spec, prepared_data_dir, run_dir,
+        smollm2_spec, heldout_data, run_dir,
         "--pipeline", "sync", "--max-steps", "6", "--save-every", "0",
         "--keep-checkpoints", "1", "--run-id", RUN_ID, "--wandb-project", "dflash-test",
         *EVAL_ARGS,
@@ -55,28 +75,40 @@ def eval_run(
     return run_dir
 
 
+def _prepare(out: Path, prompts: str, *, heldout: int = 2, **more: Any) -> dict[str, Any]:
+    """The real prepare, in this process (a tiny random target: the split is under test)."""
+    from dflash_train.data.prepare import PrepareConfig, prepare_dataset
+
+    config = PrepareConfig(
+        target="random:tiny", prompts=prompts, out=out, max_new_tokens=6,
+        heldout=heldout, devices="cpu", **more,
+    )  # fmt: skip
+    return prepare_dataset(config)
+
+
 def _prompt_part(ids: list[int], mask: list[int]) -> tuple[int, ...]:
     return tuple(t for t, m in zip(ids, mask, strict=True) if not m)
 
 
-def test_prepare_writes_the_builtin_eval_split_with_the_targets_answers(
-    prepared_data_dir: Path, smollm2: Target
+def test_prepare_holds_out_the_builtin_eval_split_with_the_targets_answers(
+    tmp_path: Path, smollm2: Target
 ) -> None:
     from dflash_train.data.dataset import load_dataset_dir
     from dflash_train.data.prompts import load_prompts
 
-    lines = [json.loads(x) for x in (prepared_data_dir / HELDOUT_FILE).read_text().splitlines()]
+    out = tmp_path / "data"
+    info = _prepare(out, "builtin", samples=6)
+    assert info["heldout"] == 2 and info["stats"]["samples"] == 6
+    lines = [json.loads(x) for x in (out / HELDOUT_FILE).read_text().splitlines()]
     assert [r["messages"][0]["content"] for r in lines] == load_prompts("builtin", "eval")[:2]
-    info = json.loads((prepared_data_dir / "prepare.json").read_text())
-    assert info["heldout"] == 2
     for record in lines:
         user, answer = record["messages"]
         assert (user["role"], answer["role"]) == ("user", "assistant")
         ids, mask = record["input_ids"], record["loss_mask"]
         answer_ids = [t for t, m in zip(ids, mask, strict=True) if m]
-        assert 0 < len(answer_ids) <= 48 and mask == sorted(mask)  # prompt, then answer
+        assert 0 < len(answer_ids) <= 6 and mask == sorted(mask)  # the prompt, then the answer
         assert smollm2.tokenizer.decode(answer_ids).startswith(answer["content"])
-    train = load_dataset_dir(str(prepared_data_dir))
+    train = load_dataset_dir(str(out))
     seen = {_prompt_part(list(i), list(m)) for i, m in train.rows(range(len(train)))}
     assert not seen & {_prompt_part(r["input_ids"], r["loss_mask"]) for r in lines}
 
@@ -85,12 +117,8 @@ def test_prepare_holds_prompts_of_a_file_out_of_training(tmp_path: Path) -> None
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("".join(f"Name a colour, number {i}.\n" for i in range(12)))
     out = tmp_path / "data"
-    reply = _cli(
-        "prepare", "--target-model", "random:tiny", "--prompts", str(prompts), "--out",
-        str(out), "--max-new-tokens", "4", "--heldout", "3",
-    )  # fmt: skip
-    assert reply.ok, reply
-    assert reply.data["heldout"] == 3 and reply.data["stats"]["samples"] == 9
+    info = _prepare(out, str(prompts), heldout=3)
+    assert info["heldout"] == 3 and info["stats"]["samples"] == 9
     held = [json.loads(x) for x in (out / HELDOUT_FILE).read_text().splitlines()]
     held_prompts = {r["messages"][0]["content"] for r in held}
     assert len(held_prompts) == 3
@@ -183,17 +211,17 @@ def test_export_best_without_any_score_says_what_to_run(tmp_path: Path, eval_run
 
 
 def test_a_failing_evaluation_is_a_warning_and_training_goes_on(
-    tmp_path: Path, prepared_data_dir: Path, smollm2_spec: str
+    tmp_path: Path, heldout_data: Path, smollm2_spec: str
 ) -> None:
     """A held-out answer with a token id past the vocabulary: the teacher-forced pass
     fails inside the real embedding lookup; the run warns and completes."""
     bad = tmp_path / "bad.jsonl"
-    record = json.loads((prepared_data_dir / HELDOUT_FILE).read_text().splitlines()[0])
+    record = json.loads((heldout_data / HELDOUT_FILE).read_text().splitlines()[0])
     record["input_ids"][-1] = 10**7
     bad.write_text(json.dumps(record) + "\n")
     run_dir = tmp_path / "run"
     argv = train_argv(
-        smollm2_spec, prepared_data_dir, run_dir, "--pipeline", "sync", "--max-steps", "2",
+        smollm2_spec, heldout_data, run_dir, "--pipeline", "sync", "--max-steps", "1",
         "--eval-every", "1", "--eval-prompts", "1", "--eval-tokens", "4",
         "--eval-data", str(bad),
     )  # fmt: skip
@@ -201,10 +229,13 @@ def test_a_failing_evaluation_is_a_warning_and_training_goes_on(
     assert done.returncode == 0, done.stderr[-3000:]
     lines = status_lines(run_dir)
     failed = [line for line in lines if line.get("code") == "eval_failed"]
-    assert [line["step"] for line in failed] == [1, 2]
-    assert all(line["level"] == "warning" for line in failed)
+    assert [(line["step"], line["level"]) for line in failed] == [(1, "warning")]
     assert "IndexError" in failed[0]["message"] and "\n" not in failed[0]["message"]
-    assert [line["step"] for line in lines if line.kind == "step"] == [1, 2]
+    assert not [line for line in lines if line.get("code") == "eval"]
+    # The run went on: its step, checkpoint (without a score), export and a normal end.
+    assert [line["step"] for line in lines if line.kind == "step"] == [1]
+    assert not list(run_dir.glob(f"checkpoints/*/step_0000001/{SCORE_FILE}"))
+    assert any(line.get("code") == "exported" for line in lines)
     assert lines[-1]["reason"] == "completed"
 
 
