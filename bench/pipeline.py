@@ -105,6 +105,10 @@ def build_target(spec: str, device: torch.device) -> Target:
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=_dtype(device))
     model.eval().requires_grad_(False)
+    if device.type == "cuda":  # as load_target does: fla's Triton conv1d for a hybrid
+        from dflash_train.targets.linear_attention import use_fast_conv1d
+
+        use_fast_conv1d(model)
     embed = model.get_input_embeddings()
     return Target(
         spec, model, None, preset.num_layers, preset.hidden_size,

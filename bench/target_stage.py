@@ -128,7 +128,8 @@ def hybrid_cases(bench: Bench, parts: list[str], rows: int, seq: int) -> None:
     module = la._linear_attention_module(target.model)
     assert module is not None
     names = [name for name, _ in la.PARTS.values()]
-    shipped = {name: getattr(module, name) for name in names}  # as transformers chose them
+    # As transformers chose them (build_target already put fla's conv1d in; undo that here).
+    shipped = {n: getattr(getattr(module, n), "reference", getattr(module, n)) for n in names}
 
     def variant(reference: bool, fast_conv: bool) -> None:
         for name in names:
