@@ -527,6 +527,11 @@ def _plan(
     heldout, conversations, sources = split_off_heldout(
         config.prompt_specs, conversations, sources, config.heldout, config.seed
     )
+    if not conversations:
+        raise PrepareError(
+            f"heldout: all {len(heldout)} prompts would be held out and none trained on "
+            "(pass a smaller --heldout, or --heldout 0)"
+        )
     jobs = plan_jobs(conversations, sources, config.samples, config.seed)
     plan = {
         "fingerprint": fingerprint_,
