@@ -123,25 +123,6 @@ EVENT_CODE_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
         "seconds": NUMBER,
     },
 }
-# Event codes whose lines carry more required fields, checked like a kind's. `eval`: one
-# held-out evaluation of the drafter at `step` (in the run, or `dflash-train eval
-# --run-dir` by hand): `tau` the mean tokens per draft-verify round of real greedy
-# speculative decoding on `prompts` held-out prompts x up to `tokens` new tokens, `tau_tf`
-# the teacher-forced acceptance length on the held-out answers (null when the held-out set
-# has none), `lossless` every output equal to plain greedy decoding, `seconds` what the
-# evaluation took. Optional: slot_acc (teacher-forced per-slot acceptance), dtype,
-# device, block_size, checkpoint (its path), source ("run" or "manual").
-EVENT_CODE_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
-    "eval": {
-        "step": (int,),
-        "tau": NUMBER,
-        "tau_tf": OPT_NUMBER,
-        "lossless": (bool,),
-        "prompts": (int,),
-        "tokens": (int,),
-        "seconds": NUMBER,
-    },
-}
 RUN_END_REASONS = ("completed", "signal", "error")
 GPU_FIELDS: dict[str, tuple[type, ...]] = {
     "index": (int,),
