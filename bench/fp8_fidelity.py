@@ -28,21 +28,32 @@ def log(message: str) -> None:
 
 
 def answer_rows(target, prompts: int, new_tokens: int) -> list[tuple[list[int], list[int]]]:
-    """Prompt + the target's greedy answer as (ids, loss mask over the answer)."""
+    """Prompt + the target's greedy answer (up to its first stop token) as (ids, loss mask
+    over the answer). All prompts in one left-padded batch, by a float32 copy of the target
+    (batched greedy decoding is what makes this affordable on a CPU)."""
     from dflash_train.data.prepare import chat_prompt_ids, stop_token_ids
     from dflash_train.data.prompts import load_prompts
 
-    stops = set(stop_token_ids(target))
+    stops = sorted(set(stop_token_ids(target)))
+    prompt_ids = [chat_prompt_ids(target.tokenizer, t) for t in load_prompts("builtin", "eval")]
+    prompt_ids = prompt_ids[:prompts]
+    width = max(map(len, prompt_ids))
+    ids = torch.full((len(prompt_ids), width), stops[0], dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, p in enumerate(prompt_ids):
+        ids[row, width - len(p) :] = torch.tensor(p)
+        mask[row, width - len(p) :] = 1
+    model = copy.deepcopy(target.model).float() if target.device.type == "cpu" else target.model
+    with torch.inference_mode():
+        out = model.generate(
+            ids.to(target.device), attention_mask=mask.to(target.device),
+            max_new_tokens=new_tokens, do_sample=False, eos_token_id=stops,
+            pad_token_id=stops[0],
+        )[:, width:].tolist()  # fmt: skip
     rows = []
-    for text in load_prompts("builtin", "eval")[:prompts]:
-        ids = chat_prompt_ids(target.tokenizer, text)
-        with torch.inference_mode():
-            out = target.model.generate(
-                torch.tensor([ids], device=target.device), max_new_tokens=new_tokens,
-                do_sample=False, eos_token_id=sorted(stops), pad_token_id=sorted(stops)[0],
-            )[0].tolist()  # fmt: skip
-        answer = out[len(ids) :]
-        rows.append((ids + answer, [0] * len(ids) + [1] * len(answer)))
+    for p, answer in zip(prompt_ids, out, strict=True):
+        end = next((i + 1 for i, t in enumerate(answer) if t in stops), len(answer))
+        rows.append((p + answer[:end], [0] * len(p) + [1] * end))
     return rows
 
 
