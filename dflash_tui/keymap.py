@@ -83,7 +83,13 @@ KEYMAP: tuple[KeyAction, ...] = (
 MUTATING_ACTIONS = frozenset(k.action for k in KEYMAP if k.mutating)
 
 
+# Shown first in the footer: a narrow terminal cuts the footer from the right, and these
+# two must stay in sight (seen at 80 columns: both were cut).
+FOOTER_FIRST = ("help", "quit")
+
+
 def bindings() -> list[Binding]:
+    first = [k for k in KEYMAP if k.id in FOOTER_FIRST]
     return [
         Binding(
             k.key,
@@ -93,7 +99,7 @@ def bindings() -> list[Binding]:
             key_display=k.key_display,
             id=f"dflash.{k.id}",
         )
-        for k in KEYMAP
+        for k in [*first, *(k for k in KEYMAP if k not in first)]
     ]
 
 

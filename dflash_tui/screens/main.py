@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
@@ -37,6 +38,10 @@ if TYPE_CHECKING:
     from dflash_tui.app import DflashApp
 
 PANE_IDS = {name: f"pane-{name}" for name, _ in keymap.PANES}
+# Rows of the body (all but header and footer) from which every pane has its full size;
+# the rows the plot row keeps however short the terminal (its plot then has 8).
+FULL_HEIGHT = 40
+PLOT_ROWS = 11
 
 
 class MainScreen(Screen[None]):
@@ -66,6 +71,21 @@ class MainScreen(Screen[None]):
 
     def pane(self, name: str) -> Widget:
         return self.query_one(f"#{PANE_IDS[name]}")
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.fit_height(event.size.height)
+
+    def fit_height(self, height: int) -> None:
+        """Lay the panes out by the terminal's height: below FULL_HEIGHT the GPU history
+        gives way first, then the events pane and the top row shrink, so that the plots
+        keep PLOT_ROWS rows (at 80x24 too). A pane the operator toggled keeps their choice."""
+        body = height - 3  # the header's two rows and the footer's
+        tall = body >= FULL_HEIGHT
+        self.pane("heatmap").set_class(not tall, "gives-way")
+        log_rows = 10 if body >= 34 else (6 if body >= 28 else 4)
+        self.pane("events").styles.height = log_rows
+        top = 14 if tall else max(5, body - PLOT_ROWS - log_rows)
+        self.query_one("#top-row").styles.max_height = top
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # Hidden from the footer and refused when pressed; the Session refuses too.
