@@ -187,6 +187,11 @@ class DflashApp(App[None]):
         elif history_end:
             # The whole past is in: draw every pane now rather than at its next turn.
             self.request_redraw()
+            state = self.state
+            if state.last_time is not None and state.last_arrival is not None:
+                # A GPU reading sent on attach is as old as its line, not "0 s old".
+                last_time, last_arrival = state.last_time, state.last_arrival
+                self.gpu_source.date_back(lambda t: last_arrival - (last_time - t))
             # The marker dates the silence from the run's last line, not from the attach:
             # a run quiet for over a minute before it is asked about now, not after
             # another minute (a trainer that died before the attach reads as a crash).

@@ -63,6 +63,14 @@ class GpuSourcePicker:
         }
         self.showing = "trainer"
 
+    def date_back(self, written_at: Callable[[float], float]) -> None:
+        """Date the trainer's last reading from when it was written, not when it arrived:
+        `written_at` maps a line's own time to the console's clock (the history's end marker
+        says how long the stream had been silent). A reading sent on attach is as old as
+        its line."""
+        if self._trainer_at is not None and self._trainer_t is not None:
+            self._trainer_at = min(self._trainer_at, written_at(self._trainer_t))
+
     def trainer_is_current(self, run_live: bool, now: float | None = None) -> bool:
         if not run_live or self._trainer_at is None:
             return False
