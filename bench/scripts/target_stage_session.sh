@@ -5,7 +5,6 @@
 #   dense, hybrid  the same bench split in two processes, each with its own time limit
 #   carry     the SmolLM2 GGUF part this call carried joins the earlier calls' in /tmp/gguf
 #             (a call carries 64 MiB with the tree: three parts over three warm calls)
-#   profile   bench/drafter_profile.py: torch.profiler of one drafter step at Qwen3-8B dims
 #   fidelity  reassemble the GGUF, convert it, bench/fp8_fidelity.py (bf16 vs fp8 SmolLM2)
 #   launch    a real `dflash-train launch --target-dtype fp8` (random:qwen3-8b) for a few
 #             hundred steps
@@ -52,12 +51,6 @@ stage_hybrid() {
 stage_carry() {
   mkdir -p /tmp/gguf && cp .weights28/p/part-* /tmp/gguf/ 2>/dev/null
   say "in /tmp/gguf: $(ls /tmp/gguf | xargs)"
-}
-
-stage_profile() {
-  say "drafter step profile"
-  timeout "${PROFILE_TIMEOUT:-200}" python3 bench/drafter_profile.py --out "$OUT/drafter_profile.json" \
-    2>&1 | tee "$OUT/drafter_profile.log" | tail -60
 }
 
 smollm2() {
