@@ -74,7 +74,7 @@ def test_wheel_metadata_names_our_distribution_and_its_extras(wheel: Path) -> No
     assert "textual-serve" in extra("serve") and "textual-serve" not in extra("tui")
     assert "gguf" in extra("demo") and "gguf" not in extra("train")
     assert "tomli-w" not in extra("tui") and "tomlkit" in extra("tui")
-    assert "accelerate" not in {r.name for r in requires}
+    assert "accelerate" in extra("train")  # transformers 4.x's device_map needs it
 
 
 @pytest.fixture(scope="module")
