@@ -10,24 +10,24 @@ from pathlib import Path
 
 from textual.widgets import Input
 
-from dflash_train.config.recipes import CPU_TINY
 from dflash_tui.screens.reply import ReplyDialog
 from dflash_tui.sources.backoff import Backoff
-from dflash_tui.sources.launch_fields import form_fields
 from dflash_tui.widgets.header import RunHeader
 from tests.tui.console_harness import console_app, press_button, wait_for_controls, wait_until
 
-# The launch form's fields for the tests' tiny recipe on a random target.
-TINY_TRAIN = form_fields(
-    {
-        **CPU_TINY.texts,
-        "target_model": "random:tiny",
-        "pipeline": "sync",
-        "epochs": "200",
-        "hs_queue_depth": "4",
-        "save_every": "0",
-    }
-)
+TINY_TRAIN = {
+    "target_model": "random:tiny",
+    "target_gpus": "cpu",
+    "drafter_gpus": "cpu",
+    "pipeline": "sync",
+    "epochs": "200",
+    "lr": "6e-4",
+    "hs_queue_depth": "4",
+    "hs_min_ready": "2",
+    "max_steps": "",
+    "extra": "--draft-layers 1 --max-length 128 --block-size 4 --num-anchors 4 "
+    "--tokens-per-batch 256 --save-every 0",
+}
 
 
 async def test_launch_set_and_stop_a_real_run(tmp_path: Path, tiny_data: Path) -> None:
