@@ -15,12 +15,16 @@ bfloat16 on a GPU, stated in the event). A failure is a warning event; training 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from dflash_train.checkpoint import store as checkpoints
 from dflash_train.checkpoint.heldout_score import write_score
 from dflash_train.data.heldout import HeldoutError, HeldoutSet, heldout_path, load_heldout
+
+ALIVE_EVERY_S = 5.0
+ALIVE_LIMIT_S = 1800.0
 
 if TYPE_CHECKING:
     from dflash_train.decode.speculative import Generation
@@ -88,9 +92,8 @@ class HeldoutEvaluator:
 
         run = self.run
         self.last_step = step
-        if run.monitor is not None:
-            run.monitor.touch()
         started = time.monotonic()
+        alive = self._keep_alive()
         try:
             # Its own RNG stream: the run's (saved in the checkpoint just written) must go on
             # as if no evaluation had run, or a resumed run would not repeat this one.
@@ -101,8 +104,7 @@ class HeldoutEvaluator:
             self._warn("eval_failed", message.splitlines()[0], step=step)
             return
         finally:
-            if run.monitor is not None:
-                run.monitor.touch()
+            alive.set()
         fields |= {"step": step, "seconds": round(time.monotonic() - started, 3), "source": "run"}
         path = run.checkpoint_dir / checkpoints.step_dir_name(step)
         try:
@@ -120,6 +122,26 @@ class HeldoutEvaluator:
             run.monitor.emit(
                 "event", level="info", code="eval", message=message, checkpoint=str(path), **fields
             )
+
+    def _keep_alive(self) -> threading.Event:
+        """An evaluation is progress: the monitor hears so every few seconds (its stall
+        warning would otherwise call a long one on a slow CPU a hang), for at most
+        ALIVE_LIMIT_S, after which a truly stuck evaluation reads as a stall. Set the
+        returned event when the evaluation is over."""
+        done = threading.Event()
+        monitor = self.run.monitor
+        if monitor is None:
+            return done
+
+        def touch() -> None:
+            until = time.monotonic() + ALIVE_LIMIT_S
+            monitor.touch()
+            while not done.wait(ALIVE_EVERY_S) and time.monotonic() < until:
+                monitor.touch()
+            monitor.touch()
+
+        threading.Thread(target=touch, name="eval-alive", daemon=True).start()
+        return done
 
     def _cuda_indices(self) -> list[int]:
         devices = [*self.run.target_devices, self.run.device]
