@@ -17,6 +17,7 @@ from dflash_train.pipeline.control_watch import ControlWatcher
 from dflash_train.pipeline.drafter_step import MetricsSnapshot, decode_interval
 from dflash_train.pipeline.pool import HiddenStatePool, PoolStats
 from dflash_train.pipeline.run_dir_watch import RunDirWatch
+from dflash_train.pipeline.split_advice import SplitAdvisor
 from dflash_train.pipeline.stage_timers import StageTimers
 from dflash_train.pipeline.wandb_log import WandbLogger
 from dflash_train.stream.eval_inbox import EvalInbox
@@ -49,6 +50,8 @@ class MonitorIntervals:
     # With no training progress for this long the monitor falls silent (after one warning
     # event), so `status` sees the stream go quiet and calls the run stalled.
     stall: float = 300.0
+    # A side of the async pipeline waiting this long on the other gets a split_advice event.
+    advice: float = 600.0
 
 
 class MonitorThread(threading.Thread):
@@ -92,6 +95,7 @@ class MonitorThread(threading.Thread):
         self.run_dir_watch = run_dir_watch
         self.on_orphaned = on_orphaned
         self.on_step = on_step  # the foreground's progress line (train's stderr)
+        self.advisor = SplitAdvisor.for_roles(self.gpu_roles, sustain=self.intervals.advice)
         self.orphaned: str | None = None  # why the run dir is gone; then nothing is written
         self._items: collections.deque[StepRecord | tuple[str, dict[str, Any]]] = (
             collections.deque()
@@ -262,6 +266,8 @@ class MonitorThread(threading.Thread):
             "slot_acc": [round(a, 4) for a in figures.slot_acc],
         }
         self._write("step", **fields)
+        if self.advisor is not None and figures.steps:
+            self.advisor.observe_tokens(record.tokens_interval / figures.steps)
         if self.on_step is not None:
             self.on_step(fields)
         self._wandb_step = record.step
@@ -331,6 +337,8 @@ class MonitorThread(threading.Thread):
                 "batches_out": takes,
             }
         self._write("queue", **fields)
+        if self.advisor is not None and self.pool is not None:
+            self.advisor.observe_queue(now, fields["producer_wait"], fields["consumer_wait"])
         if self.wandb is not None:
             keys = ("hs_ready", "producer_wait", "consumer_wait", "starved")
             self.wandb.log({f"queue/{k}": fields[k] for k in keys}, self._wandb_step)
@@ -367,6 +375,11 @@ class MonitorThread(threading.Thread):
                     "ooms": stats.get("num_ooms", 0),
                 }
         self._write("profile", stages_ms=stages, allocator=allocator)
+        if self.advisor is not None:
+            self.advisor.observe_profile(stages)
+            advice = self.advisor.advice(time.monotonic())
+            if advice is not None:
+                self._write("event", level="info", code="split_advice", **advice)
 
     def _poll_control(self) -> None:
         assert self.control is not None

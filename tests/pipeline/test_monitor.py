@@ -3,6 +3,8 @@ and drafter snapshots; the stream it writes must decode with protocol.decode_lin
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
 from pathlib import Path
 
@@ -225,3 +227,79 @@ def test_monitor_falls_silent_when_training_makes_no_progress(tmp_path: Path) ->
     time.sleep(0.3)
     monitor.stop()
     assert _lines(status)[-1].kind in ("queue", "heartbeat")  # progress brings lines back
+
+
+def test_a_starving_drafter_gets_split_advice(tmp_path: Path) -> None:
+    """One target GPU and three drafter GPUs; the drafter waits on an empty pool for the
+    whole (shortened) advice window, its stage twice as fast as the target's: the monitor
+    names the split of the four GPUs that the planner (control/split_plan.py) finds best."""
+    status = tmp_path / "status.jsonl"
+    writer = StatusWriter(status, "run1")
+    pool: HiddenStatePool[int] = HiddenStatePool(depth=8, min_ready=1)
+    timers = StageTimers()
+
+    def fill_timers() -> None:  # 8,000-token batches: 20 Ktok/s a target, 40 a drafter
+        timers._add("target_fwd", 400.0)
+        timers._add("drafter_fwd_bwd", 180.0)
+        timers._add("optimizer", 20.0)
+
+    fill_timers()
+    roles = {0: "target", 1: "drafter", 2: "drafter", 3: "drafter"}
+    monitor = MonitorThread(
+        writer, block_size=BLOCK, max_bad_steps=3, on_fatal=lambda _m: None, timers=timers,
+        pool=pool, settings=lambda: {"hs_queue_depth": 8, "hs_min_ready": 1}, gpu_roles=roles,
+        intervals=dataclasses.replace(FAST, profile=0.5, advice=1.0),
+    )  # fmt: skip
+    done = threading.Event()
+
+    def slow_target() -> None:
+        while not done.is_set():
+            time.sleep(0.05)
+            pool.put(1)
+
+    def starving_drafter() -> None:  # takes each batch the moment it is there
+        while pool.take(should_stop=done.is_set) is not None:
+            pass
+
+    for part in (slow_target, starving_drafter):
+        threading.Thread(target=part, daemon=True).start()
+    monitor.mark_start()
+    monitor.start()
+    monitor.submit_step(
+        StepRecord(1, 0, 0.1, 1e-3, 16_000, 16_000, time.monotonic(), _snapshot(loss=2.0, steps=2))
+    )
+
+    def advised(line: protocol.StatusLine) -> bool:
+        if line.kind == "profile":  # each profile empties the timers: keep them filled
+            fill_timers()
+        return line.kind == "event" and line["code"] == "split_advice"
+
+    try:
+        lines = _wait_for(status, advised, timeout=15.0)
+    finally:
+        done.set()
+        monitor.stop()
+    advice = [line for line in lines if line.kind == "event" and line["code"] == "split_advice"]
+    assert len(advice) == 1 and advice[0]["level"] == "info"
+    # 1:3 runs at min(20, 120) = 20; 2:2 and 3:1 both at 40, 3:1 with its slower stage busier.
+    assert advice[0]["split"] == [3, 1] and advice[0]["current_split"] == [1, 3]
+    assert advice[0]["predicted_ktok_s"] == 40.0 and advice[0]["current_ktok_s"] == 20.0
+    assert advice[0]["message"].startswith("the drafter waited ")
+    assert (
+        "3:1 targets:drafters would give ~40.0 Ktok/s against ~20.0 at 1:3" in advice[0]["message"]
+    )
+
+
+def test_no_split_advice_without_a_gpu_of_each_kind() -> None:
+    from dflash_train.pipeline.split_advice import SplitAdvisor
+
+    assert SplitAdvisor.for_roles({}) is None
+    assert SplitAdvisor.for_roles({0: "target+drafter"}) is None
+    assert SplitAdvisor.for_roles({0: "target", 1: "target"}) is None
+    advisor = SplitAdvisor.for_roles({0: "target", 1: "drafter"}, sustain=10.0)
+    assert advisor is not None and (advisor.targets, advisor.drafters) == (1, 1)
+    advisor.observe_tokens(8000)
+    advisor.observe_profile({"target_fwd": 400.0, "drafter_fwd_bwd": 400.0})
+    for t in range(12):  # both sides wait a little: balanced, nothing to say
+        advisor.observe_queue(float(t), 0.05, 0.05)
+    assert advisor.advice(11.0) is None
