@@ -82,6 +82,8 @@ class HeldoutEvaluator:
     def after_save(self, step: int) -> None:
         if not self.enabled or step == self.last_step or self.run.last_saved_step != step:
             return
+        if self.run.stop.is_set():  # a stop asked for is answered first (stop's timeout)
+            return
         if self.every is None or step % self.every == 0:
             self.evaluate(step)
 
