@@ -71,6 +71,8 @@ CPU_TINY = _recipe(
     tokens_per_batch="512",
     max_length="128",
     num_buckets="2",
+    # Held-out evaluation only where a test asks for it: each costs seconds on a CPU.
+    eval_every="0",
 )
 CPU_DEMO = _recipe(
     "cpu_demo",
@@ -88,6 +90,9 @@ CPU_DEMO = _recipe(
     num_buckets="2",
     save_every="100",
     keep_checkpoints="2",
+    # A held-out evaluation at every checkpoint, sized for two cores (seconds, not minutes).
+    eval_prompts="4",
+    eval_tokens="48",
 )
 CPU_README = _recipe(
     "cpu_readme",
@@ -101,14 +106,19 @@ CPU_README = _recipe(
     num_anchors="32",
     tokens_per_batch="1024",
     max_length="512",
+    # The held-out evaluation at every checkpoint, sized for a CPU (the defaults, 16 x 128,
+    # take minutes there).
+    eval_prompts="4",
+    eval_tokens="64",
     epochs="6",
     lr="2e-3",
 )
 CPU_TRAINER_DEMO = CPU_README.but(
     "cpu_trainer_demo",
     "README's measured CPU run (docs/trainer-demo.md has its exact calls): the README "
-    "recipe for 8 epochs",
+    "recipe for 8 epochs, measured before the in-run held-out evaluation existed",
     epochs="8",
+    eval_every="0",
 )
 QWEN27B_8GPU = _recipe(
     "qwen27b_8gpu",
