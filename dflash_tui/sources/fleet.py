@@ -214,7 +214,7 @@ class FleetRow:
             eta_s=eta_s(state.steps_per_s, step, total) if badge == "running" else None,
             ktok_s=state.latest("ktok_s"),
             loss=state.latest("loss"),
-            tau=state.latest("tau"),
+            tau=_heldout_tau(state, status),
             hottest_c=hottest,
             age_s=self.age(now),
             alerts=len(self.alerts.active),
