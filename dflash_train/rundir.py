@@ -1,5 +1,5 @@
-"""The run directory layout (DESIGN.md) and the file primitives every writer shares:
-atomic replace and the `run.lock` flock that marks a live trainer."""
+"""The run directory layout (docs/architecture.md) and the file primitives every writer
+shares: atomic replace and the `run.lock` flock that marks a live trainer."""
 
 from __future__ import annotations
 

@@ -75,7 +75,7 @@ def prepare_argv(paths: DemoPaths) -> list[str]:
         str(DEMO_NEW_TOKENS),
         "--batch-size",
         "12",
-        "--heldout",  # the demo's evaluations decode 4 held-out prompts
+        "--heldout",  # the cpu_demo recipe's evaluations decode 4 held-out prompts
         "4",
         "--overwrite",
     ]

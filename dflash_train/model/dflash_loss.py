@@ -29,7 +29,7 @@ class LossOutput:
 
 
 def decay_gamma(block_size: int) -> float:
-    """DFLASH.md: gamma 7 for block 16, scaled with the block size."""
+    """The DFlash recipe: gamma 7 for block 16, scaled with the block size."""
     return 7.0 * block_size / 16.0
 
 

@@ -82,7 +82,6 @@ class TrainingRun:
         self.mask_reason = ""
         self._plan_cache: tuple[int, list[list[int]]] | None = None
         self._checkpointer: AsyncCheckpointer | None = None
-        self.heldout = HeldoutEvaluator(self)
         # What setup() builds, in its order (declared here, set there: each needs the one
         # before it, and none is used before setup has returned).
         self.all_target_devices: list[str]
@@ -103,6 +102,7 @@ class TrainingRun:
         self.drafter: DFlashDrafter
         self.stepper: DrafterStepper
         self.compile_report: dict[str, Any]
+        self.heldout = HeldoutEvaluator(self)
 
     # -- set-up -------------------------------------------------------------------------
     def setup(self) -> None:

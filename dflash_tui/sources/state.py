@@ -122,13 +122,13 @@ class RunState:
         self.checkpoint: StatusLine | None = None
         self.checkpoints: deque[StatusLine] = deque(maxlen=CHECKPOINTS_KEPT)
         self.profile: StatusLine | None = None
-        # The newest held-out evaluation, and each evaluated step's (the checkpoints' scores).
-        self.heldout: HeldoutTau | None = None
-        self.heldout_scores: dict[int, HeldoutTau] = {}
         # "prepare" for a launched prepare (run_start's mode), whose `prepare` lines
         # are its progress; "train" otherwise.
         self.mode = "train"
         self.prepare: StatusLine | None = None
+        # The newest held-out evaluation, and each evaluated step's (the checkpoints' scores).
+        self.heldout: HeldoutTau | None = None
+        self.heldout_scores: dict[int, HeldoutTau] = {}
         self.history = RunHistory()
         # The newest `history` step lines whole: the zoomed plots and `metrics` read them.
         self._step_rows = self.history.group(STEP_METRICS, recent=self._history)
