@@ -30,7 +30,7 @@ def _refuse(message: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from dflash_train.commands.launch import print_reply
-    from dflash_train.control import split_plan
+    from dflash_train.pipeline import split_plan
     from dflash_train.rundir import RunDir
 
     given = (args.target_ktok_s, args.drafter_ktok_s)

@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from dflash_train.control.split_plan import (
+from dflash_train.pipeline.split_plan import (
     DRAFTER_STAGES,
     TARGET_STAGE,
     StageRates,

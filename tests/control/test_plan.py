@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_train.control import split_plan
+from dflash_train.pipeline import split_plan
 from dflash_train.stream.writer import StatusWriter
 
 TOKENS = 8192

@@ -232,7 +232,7 @@ def test_monitor_falls_silent_when_training_makes_no_progress(tmp_path: Path) ->
 def test_a_starving_drafter_gets_split_advice(tmp_path: Path) -> None:
     """One target GPU and three drafter GPUs; the drafter waits on an empty pool for the
     whole (shortened) advice window, its stage twice as fast as the target's: the monitor
-    names the split of the four GPUs that the planner (control/split_plan.py) finds best."""
+    names the split of the four GPUs that the planner (pipeline/split_plan.py) finds best."""
     status = tmp_path / "status.jsonl"
     writer = StatusWriter(status, "run1")
     pool: HiddenStatePool[int] = HiddenStatePool(depth=8, min_ready=1)
