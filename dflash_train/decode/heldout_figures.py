@@ -5,7 +5,7 @@ acceptance on the held-out answers (every anchor of every answer, no sampling)."
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -19,11 +19,16 @@ Row = tuple[Sequence[int], Sequence[int]]
 
 @torch.no_grad()
 def teacher_forced(
-    target: Target, drafter: DFlashDrafter, rows: Sequence[Row], max_length: int
+    target: Target,
+    drafter: DFlashDrafter,
+    rows: Sequence[Row],
+    max_length: int,
+    before_row: Callable[[], None] | None = None,
 ) -> tuple[list[float], float | None]:
     """Per-slot acceptance (slot j right given slots < j right, as the training tau reads
     it) over every anchor of each answer, and the tau it implies; ([], None) without rows.
-    One row at a time: the target's features of the row, then all its blocks at once."""
+    One row at a time: the target's features of the row, then all its blocks at once.
+    `before_row()` runs before each row (the in-run evaluation raises there to give way)."""
     from dflash_train.model.dflash_loss import (
         dflash_forward_loss,
         sample_anchors,
@@ -37,6 +42,8 @@ def teacher_forced(
     total = torch.zeros(size - 1, dtype=torch.float64)
     device = target.device
     for ids, mask in rows:
+        if before_row is not None:
+            before_row()
         ids, mask = list(ids)[:max_length], list(mask)[:max_length]
         if len(ids) < size:
             continue

@@ -10,7 +10,9 @@ replica): in the async pipeline every worker pauses producing after its current 
 while the pool keeps what it holds; in the sync pipeline training simply waits. The
 drafter's weights are copied into a drafter on the target's device in the target's dtype
 (float32 on a CPU, so the figures equal `dflash-train eval` of the checkpoint exactly;
-bfloat16 on a GPU, stated in the event). A failure is a warning event; training goes on."""
+bfloat16 on a GPU, stated in the event). A failure is a warning event; training goes on.
+A stop asked for while an evaluation runs ends it at the next prompt (an `eval_interrupted`
+event, no score), so SIGTERM is answered within stop's timeout however slow the device."""
 
 from __future__ import annotations
 
@@ -25,6 +27,11 @@ from dflash_train.data.heldout import HeldoutError, HeldoutSet, heldout_path, lo
 
 ALIVE_EVERY_S = 5.0
 ALIVE_LIMIT_S = 1800.0
+
+
+class EvalInterrupted(Exception):
+    """The run is stopping: the evaluation in progress gives way."""
+
 
 if TYPE_CHECKING:
     from dflash_train.decode.speculative import Generation
@@ -95,12 +102,28 @@ class HeldoutEvaluator:
         run = self.run
         self.last_step = step
         started = time.monotonic()
+        # Said first: steps pause while it runs (minutes on a CPU), and the console shows why.
+        self._say(
+            "info",
+            "eval_started",
+            f"held-out evaluation at step {step}: {self.prompts} prompts x {self.tokens} tokens"
+            " (training waits)",
+            step=step,
+        )
         alive = self._keep_alive()
         try:
             # Its own RNG stream: the run's (saved in the checkpoint just written) must go on
             # as if no evaluation had run, or a resumed run would not repeat this one.
             with GUARD.held(), torch.random.fork_rng(devices=self._cuda_indices()):
                 fields = self._measure()
+        except EvalInterrupted:
+            self._say(
+                "info",
+                "eval_interrupted",
+                f"held-out evaluation at step {step} stopped: the run is stopping",
+                step=step,
+            )
+            return
         except Exception as exc:  # an evaluation never ends the training
             message = f"held-out evaluation at step {step} failed: {type(exc).__name__}: {exc}"
             self._warn("eval_failed", message.splitlines()[0], step=step)
@@ -168,14 +191,21 @@ class HeldoutEvaluator:
             stop_token_ids(target),
             greedy=self._greedy,
             graphs=False,  # the loader and checkpoint threads pin memory meanwhile
+            on_prompt=lambda *_: self._unless_stopping(),
         )
         assert not isinstance(summary, list)
         max_length = self.run.config.model.max_length
-        slot_acc, tau_tf = teacher_forced(target, drafter, self.heldout.rows, max_length)
+        slot_acc, tau_tf = teacher_forced(
+            target, drafter, self.heldout.rows, max_length, before_row=self._unless_stopping
+        )
         fields = event_fields(summary, slot_acc, tau_tf, self.tokens)
         fields["dtype"] = str(target.embed_tokens.weight.dtype).removeprefix("torch.")
         fields["device"] = str(target.device)
         return fields
+
+    def _unless_stopping(self) -> None:
+        if self.run.stop.is_set():
+            raise EvalInterrupted
 
     def _weights_now(self) -> DFlashDrafter:
         """The training drafter's current weights in a drafter on the target's device and

@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from train_process import run_train, status_lines, train_argv
+from train_process import run_train, start_train, status_lines, train_argv, wait_for
 
 from dflash_train import protocol
 from dflash_train.checkpoint.heldout_score import SCORE_FILE, read_score
@@ -285,3 +286,32 @@ async def test_the_console_plots_the_held_out_tau_and_marks_the_best_checkpoint(
         status = _cli("status", str(eval_run))
         best = next(c["step"] for c in status.data["checkpoint_list"] if c["best"])
         assert [s for s, row in rows.items() if BEST_MARK in row[5]] == [str(best)]
+
+
+def test_a_stop_during_an_evaluation_ends_it_at_the_next_prompt(
+    tmp_path: Path, heldout_data: Path, smollm2_spec: str
+) -> None:
+    """SIGTERM while the held-out evaluation runs (told by its eval_started event): the
+    evaluation gives way (eval_interrupted, no score), and the run checkpoints and ends as
+    any stopped run does, exit 0, without waiting for the evaluation to finish."""
+    run_dir = tmp_path / "run"
+    log = tmp_path / "train.log"
+    argv = train_argv(
+        smollm2_spec, heldout_data, run_dir, "--pipeline", "sync", "--max-steps", "50",
+        "--eval-every", "1", "--eval-prompts", "2", "--eval-tokens", "200",
+    )  # fmt: skip
+    proc = start_train(argv, log)
+    try:
+        started = wait_for(run_dir, lambda line: line.get("code") == "eval_started", proc, log, 600)
+        assert started["step"] == 1 and started["level"] == "info"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = status_lines(run_dir)
+    interrupted = [line for line in lines if line.get("code") == "eval_interrupted"]
+    assert [(line["step"], line["level"]) for line in interrupted] == [(1, "info")]
+    assert not [line for line in lines if line.get("code") == "eval"]
+    assert not list(run_dir.glob(f"checkpoints/*/step_*/{SCORE_FILE}"))
+    assert lines[-1].kind == "run_end" and lines[-1]["reason"] == "signal"
