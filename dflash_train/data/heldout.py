@@ -106,10 +106,11 @@ def _ints(value: Any) -> bool:
 
 
 def heldout_count(requested: int | None, prompts: int) -> int:
-    """How many prompts to hold out: the request, else 2 % of them (1..HELDOUT_MAX)."""
+    """How many prompts to hold out: the request, else 2 % of them, rounded down (none of
+    fewer than 50: a small file's every prompt is its data), at most HELDOUT_MAX."""
     if requested is not None:
         return min(requested, prompts)
-    return min(HELDOUT_MAX, prompts, max(1, round(HELDOUT_SHARE * prompts))) if prompts else 0
+    return min(HELDOUT_MAX, int(HELDOUT_SHARE * prompts))
 
 
 def heldout_line(
