@@ -37,9 +37,9 @@ SUBCOMMANDS = ("replay", "serve", "fleet")
 def build_console(args: argparse.Namespace, prefix: list[str]) -> DflashApp:
     from dflash_tui.app import DflashApp
 
+    profile = choose_profile(args, prefix)  # refuses a bad field by name, before any lookup
     if args.where not in (None, "local", "localhost") and args.where not in load_config().profiles:
         check_host_exists(args.where)
-    profile = choose_profile(args, prefix)
     check_theme(profile.theme)
     transport = profile.transport()
     return DflashApp(transport, console_options(profile, transport.description))

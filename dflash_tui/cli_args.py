@@ -12,6 +12,7 @@ import textwrap
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from dflash_tui.sources.destination import check_destination
 from dflash_tui.sources.profiles import Profile, load_config
 from dflash_tui.sources.session import watch_only_forced
 
@@ -41,6 +42,10 @@ def check_host_exists(where: str) -> None:
     """An ad-hoc destination must name a host that resolves, or an ssh_config alias; a
     mistyped word (`dflash-tui info`) would otherwise be a console that reconnects forever."""
     spec = parse_host(where)
+    # A field that could reach a shell is refused by name first, before any lookup.
+    check_destination("host", spec.host)
+    if spec.username is not None:
+        check_destination("user", spec.username)
     if _resolves(spec.host) or _ssh_config_names(spec.host):
         return
     words = ", ".join(SUBCOMMAND_HELP)

@@ -163,7 +163,12 @@ async def test_box_fields_are_refused_or_inert_argv(
     assert tally.inert == 78 and tally.refused >= 200, vars(tally)
 
 
-HOSTILE_SSH_CONFIG = """Host *
+# `box` is named, as the operator's own box would be (the console refuses a destination
+# that is no profile, no host that resolves and no ssh_config Host).
+HOSTILE_SSH_CONFIG = """Host box
+    HostName 127.0.0.1
+
+Host *
     ProxyCommand sh -c "echo %h %r > /dev/null"
 """
 
