@@ -94,8 +94,8 @@ async def test_launch_form_refuses_each_bad_field_and_sends_nothing(tmp_path: Pa
 
 
 async def test_launch_form_comes_back_as_it_was_left(tmp_path: Path) -> None:
-    """Seen in tmux: cancelling the "Launch this run?" confirmation (its focus is on Cancel)
-    threw away a whole form of typing; reopening showed the profile's defaults again."""
+    """Seen in tmux: cancelling the "Launch this run?" confirmation threw away a whole form
+    of typing; reopening showed the profile's defaults again."""
     run_dir = make_run_dir(tmp_path)
     defaults = {**VALID_FORM, "data_dir": str(tmp_path / "data")}
     async with attached(run_dir, defaults=defaults) as (app, pilot, transport):
@@ -106,7 +106,7 @@ async def test_launch_form_comes_back_as_it_was_left(tmp_path: Path) -> None:
         form.query_one("#field-max_steps", Input).value = "300"
         form.query_one("#field-extra", Input).value = "--block-size 4"
         await press_button(pilot, "#submit")
-        await pilot.press("enter")  # the confirmation's Cancel has the focus
+        await pilot.press("n")  # cancel the confirmation (Enter would launch)
         assert not isinstance(app.screen, LaunchForm)
         await pilot.press("l")
         again = app.screen
