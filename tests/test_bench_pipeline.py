@@ -48,7 +48,8 @@ def test_pipeline_bench_smoke_on_cpu(tmp_path: Path, target: str, architecture: 
         assert "error" not in result[section], (section, result[section])
         assert result[section]["ktok_s"] > 0 and result[section]["iters"] >= 1
     summary = result["summary"]
-    assert summary["async_ktok_s"] == pytest.approx(result["async_pipeline"]["ktok_s"], rel=1e-3)
+    # The summary rounds its figures to 3 decimals (a relative 1e-3 failed at 0.15 Ktok/s).
+    assert summary["async_ktok_s"] == round(result["async_pipeline"]["ktok_s"], 3)
     split = summary["balanced_split_8_gpus"]
     assert split["target_gpus"] + split["drafter_gpus"] == 8
     assert summary["pipeline_efficiency"] > 0
