@@ -12,6 +12,9 @@ CACHE_DIR_VAR = "DFLASH_CACHE_DIR"
 # What wandb_log needs to tell where the key comes from (it never reads the key itself)
 # and the mode the user asked for.
 WANDB_VARS = ("WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_MODE", "NETRC", "HOME")
+# The run id launch hands a process it starts (a launched prepare reads it here; train reads
+# it through its option table, loader.py).
+RUN_ID_VAR = "DFLASH_RUN_ID"
 # Tests only: a checkpoint save of this step stalls (checkpoints.py).
 STALL_SAVE_VAR = "DFLASH_TEST_STALL_SAVE_AT_STEP"
 
@@ -23,6 +26,10 @@ def cache_dir_override() -> Path | None:
 
 def wandb_environment() -> dict[str, str]:
     return {name: os.environ[name] for name in WANDB_VARS if name in os.environ}
+
+
+def run_id_override() -> str | None:
+    return os.environ.get(RUN_ID_VAR) or None
 
 
 def stall_save_at_step() -> str | None:

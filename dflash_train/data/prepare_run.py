@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from dflash_train.config.environment import run_id_override
 from dflash_train.config.prepare_config import PrepareConfig, PrepareError
 from dflash_train.rundir import LockHeld, RunDir, RunLock
 from dflash_train.stream.writer import StatusWriter
@@ -61,7 +62,7 @@ def run_under_control(
         lock.acquire()
     except LockHeld:
         raise PrepareError(f"run-dir: {run_dir.lock} is held: a run is in progress") from None
-    run_id = os.environ.get("DFLASH_RUN_ID") or uuid.uuid4().hex[:12]
+    run_id = run_id_override() or uuid.uuid4().hex[:12]
     writer = StatusWriter(run_dir.status, run_id)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
