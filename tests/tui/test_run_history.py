@@ -126,8 +126,10 @@ def test_eval_tau_stage_times_starved_and_markers_reach_the_history() -> None:
     queue = {"hs_ready": 4, "hs_queue_depth": 8, "hs_min_ready": 2, "producer_wait": 0.1,
              "consumer_wait": 0.0, "starved": 0.25, "bucket_mix": {}}  # fmt: skip
     state.apply(line("queue", 3, T0 + 3, **queue))
+    # An eval event with the fields the protocol requires of one (EVENT_CODE_FIELDS).
     state.apply(line("event", 4, T0 + 4, level="info", code="eval", message="eval", tau=2.75,
-                     step=5))  # fmt: skip
+                     step=5, tau_tf=2.9, lossless=True, prompts=2, tokens=16,
+                     seconds=1.5))  # fmt: skip
     state.apply(line("checkpoint", 5, T0 + 5, step=5, path="c/step_0000005", seconds=1.0))
     state.apply(line("run_start", 6, T0 + 6, **start, start_step=5, resumed_from="c/step_5"))
     state.apply(line("run_end", 7, T0 + 7, reason="completed", exit_code=0))
