@@ -55,7 +55,9 @@ async def test_a_launched_prepare_streams_progress_and_reads_preparing(tmp_path:
             await wait_until(pilot, lambda: app.state.end is not None, timeout=240)
             assert app.state.end["reason"] == "completed"
             await wait_until(pilot, lambda: "FINISHED" in str(header.render()))
-            assert "answers 3/3" in str(pane.render())
+            # The pane redraws on the app's timer, maybe after the header: wait for it.
+            assert app.state.prepare["answers_done"] == 3
+            await wait_until(pilot, lambda: "answers 3/3" in str(pane.render()))
     finally:
         _dflash("stop", str(run_dir), "--timeout", "30")
     lines = [json.loads(x) for x in (run_dir / "status.jsonl").read_text().splitlines()]
