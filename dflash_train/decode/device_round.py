@@ -13,6 +13,7 @@ forward. Off CUDA the same code runs uncaptured, which is how the CPU tests chec
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 S = TypeVar("S", bound="_DeviceStep")
 
 
-class _DeviceStep:
+class _DeviceStep(ABC):
     """Fixed-shape work over `cache` whose inputs live in device buffers it rewrites itself;
     capture() makes it one CUDA graph, replay() runs it, captured or not."""
 
@@ -41,8 +42,9 @@ class _DeviceStep:
         self._warm_start = cache.capacity - width
         self.graph: torch.cuda.CUDAGraph | None = None
 
+    @abstractmethod
     def _run(self) -> None:
-        raise NotImplementedError
+        """The step itself (a greedy step, a speculative round), on the device buffers."""
 
     def _capturable(self) -> None:
         """What capture_graph calls: twice to warm up (executed), then under capture."""
