@@ -10,7 +10,7 @@ decodes greedily, once for the run).
     python bench/eval_cost.py --target-model smollm2 --device cuda:0 --steps 40 \
         --eval-every 20 --out eval_cost.json           # the GPU recipe (the defaults)
     python bench/eval_cost.py --target-model random:tiny --device cpu --steps 6 \
-        --eval-every 3 --eval-prompts 2 --eval-tokens 8 -- --draft-layers 1 \
+        --eval-every 3 --eval-prompts 2 --eval-tokens 8 --skip 1 -- --draft-layers 1 \
         --block-size 4 --num-anchors 8 --tokens-per-batch 512 --max-length 128  # CPU smoke
 """
 
@@ -67,6 +67,8 @@ def train(args: argparse.Namespace, data: Path, run_dir: Path, every: int) -> di
         raise SystemExit(f"train failed (rc {done.returncode}): {done.stderr[-2000:]}")
     steps = [line for line in lines if line.kind == "step"]
     steady = [s for s in steps if s["step"] > args.skip]
+    if len(steady) < 2:  # a rate needs two step lines after the warm-up
+        raise SystemExit(f"--steps must exceed --skip ({args.skip}) by at least 2 step lines")
     first, last = steady[0], steady[-1]
     tokens = last["tokens"] - first["tokens"]
     wall = last.t - first.t

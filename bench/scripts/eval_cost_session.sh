@@ -6,7 +6,7 @@
 # there (600 builtin samples, its 40-prompt eval split held out). About 5-6 minutes.
 # SmolLM2's GGUF travels as in bench/scripts/decode_session.sh (two 44 MB parts, the gguf
 # wheel in .whl_decode/), so two calls on one warm machine:
-#   carry .weights_decode/gguf/part-0 .weights_decode/gguf/layout.json .whl_decode:
+#   carry .weights_decode/gguf/part-0 .weights_decode/gguf/layout.json .whl_decode .whl_prep:
 #       bash bench/scripts/eval_cost_session.sh carry
 #   carry .weights_decode/gguf/part-1:
 #       OUT=$OUT bash bench/scripts/eval_cost_session.sh measure
@@ -20,6 +20,12 @@ export PYTHONPATH=/tmp/site:$PWD
 
 stage_carry() {
   OUT="$OUT" bash bench/scripts/decode_session.sh carry
+  # prepare writes with `datasets`, which the image lacks (bench/scripts/prepare_workers_h200.sh
+  # says how .whl_prep is made); carry it with the first call.
+  if [ -d .whl_prep ] && [ ! -f /tmp/site/.prep_installed ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl_prep/*.whl && touch /tmp/site/.prep_installed
+  fi
 }
 
 stage_measure() {
