@@ -158,10 +158,13 @@ class HeldoutEvaluator:
         if monitor is None:
             return done
 
+        # Well inside --stall-after, however short an operator set it.
+        every = min(ALIVE_EVERY_S, self.run.config.run.stall_after / 4)
+
         def touch() -> None:
             until = time.monotonic() + ALIVE_LIMIT_S
             monitor.touch()
-            while not done.wait(ALIVE_EVERY_S) and time.monotonic() < until:
+            while not done.wait(every) and time.monotonic() < until:
                 monitor.touch()
             monitor.touch()
 

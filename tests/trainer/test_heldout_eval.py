@@ -315,3 +315,28 @@ def test_a_stop_during_an_evaluation_ends_it_at_the_next_prompt(
     assert not [line for line in lines if line.get("code") == "eval"]
     assert not list(run_dir.glob(f"checkpoints/*/step_*/{SCORE_FILE}"))
     assert lines[-1].kind == "run_end" and lines[-1]["reason"] == "signal"
+
+
+def test_a_long_evaluation_keeps_the_run_alive_in_the_stream(
+    tmp_path: Path, heldout_data: Path, smollm2_spec: str
+) -> None:
+    """--stall-after 3 and an evaluation longer than that: the evaluation's keep-alive keeps
+    the monitor from falling silent (no no_progress event), so heartbeats go on between
+    eval_started and eval (the monitor's own, tests/pipeline/test_monitor.py), so neither
+    `status` nor the console calls the run stalled."""
+    run_dir = tmp_path / "run"
+    argv = train_argv(
+        smollm2_spec, heldout_data, run_dir, "--pipeline", "sync", "--max-steps", "1",
+        "--eval-every", "1", "--eval-prompts", "2", "--eval-tokens", "96",
+        "--stall-after", "3",
+    )  # fmt: skip
+    done = run_train(argv, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = status_lines(run_dir)
+    codes = [line.get("code") for line in lines]
+    start, end = codes.index("eval_started"), codes.index("eval")
+    assert lines[end]["seconds"] > 3  # long enough that a silent monitor would have warned
+    # Without the keep-alive (or with one slower than --stall-after) the monitor warns
+    # no_progress after 3 s and stops its heartbeats, and the run then reads as stalled.
+    assert "no_progress" not in codes[start:end]
+    assert lines[-1].kind == "run_end" and lines[-1]["reason"] == "completed"
