@@ -179,7 +179,6 @@ def run_demo(*, watch: bool = False, theme: str | None = None) -> int:
         launch_defaults=defaults,
         theme=theme,
         remember=remember_in(Profile("demo")),
-        remembered_min_ready=None if remembered is None else remembered.launch.hs_min_ready,
     )
 
     async def startup(app: DflashApp) -> None:

@@ -25,8 +25,6 @@ class ConsoleOptions:
     launch_defaults: Mapping[str, str] = field(default_factory=dict)
     theme: str | None = None
     remember: Callable[[str, Any], None] | None = None
-    # hs_min_ready the operator last set live (kept in the profile): restarts offer it.
-    remembered_min_ready: int | None = None
     follow_gpus: bool = True
     history_points: int = 400
     # How alerts reach the operator (the profile's `alerts`): bell, toast, osc.
@@ -50,7 +48,6 @@ def console_options(profile: Profile, target_name: str) -> ConsoleOptions:
         launch_defaults=form_defaults(profile.launch),
         theme=profile.theme,
         remember=remember_in(profile),
-        remembered_min_ready=profile.launch.hs_min_ready,
         alerts=profile.alerts,
         env_file=profile.env_file,
     )
