@@ -120,6 +120,18 @@ def test_tail_sends_the_marker_once_for_a_dead_holder_and_none_after_run_end(
         assert tail.stdout is not None
         first = protocol.decode_line(tail.stdout.readline())
         assert isinstance(first, protocol.StatusLine) and first.kind == "run_start"
+        # The watch judges only a holder it saw alive: kill once the tail's follow loop has
+        # looked. Its first read was done before run_start reached us, so a line written
+        # after that comes through the loop, which probes the lock before each read (on a
+        # loaded machine an immediate kill could come before any look, and no marker).
+        written = (run_dir / "status.jsonl").read_bytes().splitlines()
+        seen = max(line.seq for raw in written if (line := protocol.decode_line(raw)) and
+                   isinstance(line, protocol.StatusLine))  # fmt: skip
+        while True:
+            line = protocol.decode_line(tail.stdout.readline())
+            assert isinstance(line, protocol.StatusLine), line
+            if line.seq > seen:
+                break
         os.kill(trainer.pid, signal.SIGKILL)
         trainer.wait(10)
         while True:
