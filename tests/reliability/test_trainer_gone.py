@@ -19,6 +19,7 @@ from pathlib import Path
 from dflash_train import protocol
 from dflash_train.control.trainer_watch import TrainerWatch
 from dflash_train.rundir import RunLock
+from dflash_train.stream.reader import last_record
 from dflash_train.stream.writer import StatusWriter
 from dflash_train.training.process import EXIT_ORPHANED
 from dflash_tui.app import ConsoleOptions, DflashApp
@@ -124,9 +125,9 @@ def test_tail_sends_the_marker_once_for_a_dead_holder_and_none_after_run_end(
         # looked. Its first read was done before run_start reached us, so a line written
         # after that comes through the loop, which probes the lock before each read (on a
         # loaded machine an immediate kill could come before any look, and no marker).
-        written = (run_dir / "status.jsonl").read_bytes().splitlines()
-        seen = max(line.seq for raw in written if (line := protocol.decode_line(raw)) and
-                   isinstance(line, protocol.StatusLine))  # fmt: skip
+        written = last_record(run_dir / "status.jsonl")
+        assert written is not None
+        seen = written.seq
         while True:
             line = protocol.decode_line(tail.stdout.readline())
             assert isinstance(line, protocol.StatusLine), line
