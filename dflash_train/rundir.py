@@ -56,10 +56,13 @@ class RunDir:
         return self.root / "export"
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str, *, make_parent: bool = True) -> None:
     """Write via a temp file in the same directory, fsync, then rename: readers see the old
-    file or the new one, never half of either."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    file or the new one, never half of either. `make_parent=False` for a file that lives
+    inside a run dir the writer did not create: a run dir deleted under a live trainer is
+    then not recreated (FileNotFoundError instead)."""
+    if make_parent:
+        path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -73,8 +76,9 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+def atomic_write_json(path: Path, obj: Any, *, make_parent: bool = True) -> None:
+    text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
+    atomic_write_text(path, text, make_parent=make_parent)
 
 
 def read_json(path: Path) -> Any | None:

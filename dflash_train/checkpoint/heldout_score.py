@@ -33,7 +33,8 @@ def read_score(checkpoint: Path) -> dict[str, Any] | None:
 
 
 def write_score(checkpoint: Path, fields: Mapping[str, Any]) -> None:
-    atomic_write_json(checkpoint / SCORE_FILE, dict(fields))
+    # The checkpoint exists; one deleted meanwhile (or its run dir) is not recreated.
+    atomic_write_json(checkpoint / SCORE_FILE, dict(fields), make_parent=False)
 
 
 def best_of(checkpoints: Iterable[Path]) -> tuple[Path, dict[str, Any]] | None:

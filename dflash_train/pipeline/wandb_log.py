@@ -144,10 +144,13 @@ class WandbLogger:
         with self._notice_lock:
             self._notice = notice
 
-    def close(self, timeout: float = 60.0) -> None:
+    def close(self, timeout: float = 60.0) -> bool:
+        """Finishes the run; False when W&B had not finished within `timeout` (the run's
+        files may then still be incomplete; training never waits longer for W&B)."""
         with contextlib.suppress(queue.Full):
             self._queue.put(_STOP, timeout=timeout)
         self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def _work(self) -> None:
         run = None

@@ -82,7 +82,9 @@ def save(stream: Path, summary: HistorySummary, offset: int, inode: int) -> bool
             "check": check,
             "summary": summary.state(),
         }
-        atomic_write_text(cache_path(stream, summary.points), json.dumps(record))
+        # Never mkdir: the run dir may have been deleted since the stream was opened
+        # above (serialising the summary takes a while), and must stay deleted.
+        atomic_write_text(cache_path(stream, summary.points), json.dumps(record), make_parent=False)
     except OSError:
         return False
     return True

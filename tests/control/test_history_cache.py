@@ -169,3 +169,27 @@ def test_the_writer_keeps_the_summary_current_so_a_first_attach_reads_only_the_t
     assert protocol.decode_line(sent[-1]).get("last_t") == tail[-1].t
     # And the attach of the saved lines alone dated the newest line they covered.
     assert protocol.decode_line(kept.split(b"\n")[-1]).get("last_t") == newest.t
+
+
+def test_a_save_does_not_recreate_a_run_dir_deleted_while_it_serialises(
+    tmp_path: Path,
+) -> None:
+    """The orphaned-trainer race: the stream was open for the check, then the operator's
+    `rm -r` removed the run dir while the summary was being serialised."""
+    import shutil
+
+    from dflash_train.stream.summary import HistorySummary
+
+    run_dir = tmp_path / "run"
+    status = RunDir.at(run_dir).status
+    write_stream(status, "run-d", _long_run(50))
+
+    class DeletedMeanwhile(HistorySummary):
+        def state(self) -> dict[str, object]:
+            shutil.rmtree(run_dir)
+            return super().state()
+
+    summary = DeletedMeanwhile(int(POINTS))
+    inode = status.stat().st_ino
+    assert not history_cache.save(status, summary, status.stat().st_size, inode)
+    assert not run_dir.exists()

@@ -30,13 +30,16 @@ def test_an_offline_run_says_so_and_how_to_sync(
 
 
 def _notice(logger: WandbLogger) -> dict[str, object]:
+    """The logger's notice, once its run has finished: a loaded machine's wandb can take
+    longer than close's 60 s default, and a run file read before then lacks records."""
     try:
         deadline = time.monotonic() + 120
         while (notice := logger.take_notice()) is None:
             assert time.monotonic() < deadline, logger.error
             time.sleep(0.1)
     finally:
-        logger.close()
+        finished = logger.close(timeout=600)
+    assert finished, "wandb did not finish its run within 600 s"
     return notice
 
 

@@ -17,10 +17,10 @@ import pytest
 from tests.reliability.console_side import Recorder, ssh_transport, trusted, wait_until
 from tests.reliability.drop_proxy import DropProxy
 from tests.sshd import ClientKey, InProcessServer, OpenSshServer
-from tests.tui.conftest import start_stream_writer
+from tests.tui.conftest import start_stream_writer, stop_stream_writer
 
 DROPS = 6
-LINES = 400
+MAX_LINES = 100_000
 INTERVAL_S = 0.01
 
 
@@ -47,7 +47,10 @@ async def follow_through_drops(
 ) -> Recorder:
     run_dir = tmp_path / "run"
     run = "dropped"
-    writer = start_stream_writer(run_dir, run, LINES, INTERVAL_S)
+    stop = tmp_path / "stop-writing"
+    # The writer goes on until the drops are done, however long reconnects take here: a
+    # writer that ran out first left the last reconnect with nothing to resume.
+    writer = start_stream_writer(run_dir, run, MAX_LINES, INTERVAL_S, stop=stop)
     known = trusted(tmp_path / "known_hosts", way.port, way.host_key)
     transport = ssh_transport(way.port, known, client_key, keepalive=keepalive)
     recorder = Recorder()
@@ -59,7 +62,10 @@ async def follow_through_drops(
             await wait_until(lambda s=seen: len(recorder.lines) > s + 5, what="lines flowing")
             assert way.cut() >= 1
             await wait_until(lambda d=drop: recorder.count("reconnecting") >= d, what="a retry")
-        await wait_until(lambda: len(recorder.lines) >= LINES, timeout=90, what="every line")
+        seen = len(recorder.lines)
+        await wait_until(lambda: len(recorder.lines) > seen + 5, what="lines after the last cut")
+        lines = stop_stream_writer(writer, stop, run_dir)
+        await wait_until(lambda: len(recorder.lines) >= lines, timeout=90, what="every line")
         await asyncio.sleep(0.5)  # a duplicate would arrive now
     finally:
         follow.cancel()
@@ -67,10 +73,10 @@ async def follow_through_drops(
         writer.wait()
         await transport.close()
     # No gap, no duplicate, nothing but good lines, and the cursor at the end.
-    assert recorder.live_seqs() == list(range(LINES))
-    assert session.cursor == (run, LINES - 1)
+    assert recorder.live_seqs() == list(range(lines))
+    assert session.cursor == (run, lines - 1)
     assert not recorder.rejected
-    assert recorder.state.step == LINES - 1
+    assert recorder.state.step == lines - 1
     assert recorder.count("reconnecting") >= drops and recorder.states[-1].status == "connected"
     # Every reconnect resumed from the cursor rather than from the start.
     resumed = [c for c in way.received() if "--from-seq" in c and str(run_dir) in c]

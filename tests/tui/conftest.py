@@ -120,8 +120,11 @@ import sys, time
 from pathlib import Path
 from dflash_train.stream.writer import StatusWriter
 path, run, count, interval = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+stop = Path(sys.argv[5]) if len(sys.argv) > 5 else None
 writer = StatusWriter(path, run)
 for i in range(count):
+    if stop is not None and stop.exists():
+        break
     writer.write("step", step=i, epoch=0, epoch_progress=i / count, loss=1.0, acc=0.5,
                  tau=2.0, lr=1e-4, grad_norm=1.0, tokens=i, ktok_s=1.0)
     time.sleep(interval)
@@ -129,20 +132,22 @@ for i in range(count):
 
 
 def start_stream_writer(
-    run_dir: Path, run_id: str, count: int, interval: float
+    run_dir: Path, run_id: str, count: int, interval: float, *, stop: Path | None = None
 ) -> subprocess.Popen[bytes]:
+    """A process writing `count` step lines, one per `interval`; with `stop`, it ends early
+    once that file exists (see stop_stream_writer), so a test paced by faults rather than
+    by the clock never runs out of lines on a loaded machine."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            WRITER_CODE,
-            str(run_dir / "status.jsonl"),
-            run_id,
-            str(count),
-            str(interval),
-        ]
-    )
+    argv = [sys.executable, "-c", WRITER_CODE, str(run_dir / "status.jsonl"), run_id]
+    argv += [str(count), str(interval)] + ([str(stop)] if stop is not None else [])
+    return subprocess.Popen(argv)
+
+
+def stop_stream_writer(writer: subprocess.Popen[bytes], stop: Path, run_dir: Path) -> int:
+    """Ends a writer started with `stop` and returns how many lines it wrote."""
+    stop.touch()
+    assert writer.wait(60) == 0
+    return len((run_dir / "status.jsonl").read_bytes().splitlines())
 
 
 def write_steps(run_dir: Path, run_id: str, count: int) -> None:

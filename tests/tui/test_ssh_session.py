@@ -18,6 +18,7 @@ from tests.tui.conftest import (
     Watcher,
     server_key,
     start_stream_writer,
+    stop_stream_writer,
     transport_to,
     trusted_known_hosts,
     wait_for,
@@ -30,8 +31,9 @@ async def test_follow_survives_repeated_drops_without_gap_or_duplicate(
     ssh_server: Server, ssh_transport: SshTransport, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    total = 240
-    writer = start_stream_writer(run_dir, "dropped", total, 0.01)
+    stop = tmp_path / "stop-writing"
+    # The writer goes on until the drops are done, however long reconnects take here.
+    writer = start_stream_writer(run_dir, "dropped", 100_000, 0.01, stop=stop)
     watcher = Watcher()
     session = watcher.session(ssh_transport, run_dir, read_only=True, history_points=0)
     follow = asyncio.create_task(session.follow())
@@ -41,6 +43,9 @@ async def test_follow_survives_repeated_drops_without_gap_or_duplicate(
             await wait_for(lambda s=seen: len(watcher.lines) > s + 10, what="lines flowing")
             assert ssh_server.drop_connections() >= 1
             await wait_for(lambda d=drop: watcher.reconnects() >= d, what="reconnecting")
+        seen = len(watcher.lines)
+        await wait_for(lambda: len(watcher.lines) > seen + 10, what="lines after the last drop")
+        total = stop_stream_writer(writer, stop, run_dir)
         await wait_for(lambda: len(watcher.lines) >= total, what="every line")
         await wait_for(lambda: watcher.states[-1].status == "connected", what="reconnected")
         await asyncio.sleep(0.3)  # a duplicate would arrive now
