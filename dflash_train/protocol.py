@@ -306,6 +306,12 @@ TRAINER_GONE = "trainer_gone"
 MARKER_CODES = frozenset({HISTORY_END, TRAINER_GONE})
 
 
+# A restart between its two trainers: the old trainer's run_end carries `restarting: true`
+# (it ended for the restart, which held RunDir.restart_lock); an `event` of code
+# `restart_failed` follows when the new trainer did not come up.
+RESTART_FAILED = "restart_failed"
+
+
 def is_marker(line: StatusLine) -> bool:
     return line.kind == "event" and line.fields.get("code") in MARKER_CODES
 
@@ -484,8 +490,11 @@ def decode_control(text: str) -> ControlFile | Rejected:
 
 COMMANDS = ("launch", "stop", "restart", "status", "tail", "gpus", "set", "export", "eval")
 # finished: completed its schedule (or ended by an error: `reason` says); stopped: ended by
-# a signal (`stop`, a restart's stop), resumable; crashed: gone without a run_end.
-RUN_STATES = ("running", "finished", "stopped", "crashed", "stalled", "not_started")
+# a signal (`stop`, a restart's stop), resumable; crashed: gone without a run_end;
+# restarting: a `restart` holds the run dir's restart lock (between its two trainers).
+RUN_STATES = (
+    "running", "finished", "stopped", "crashed", "stalled", "not_started", "restarting",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,13 @@ class RunDir:
         return self.root / "control.json"
 
     @property
+    def restart_lock(self) -> Path:
+        """Held (flock) by `restart` from before it stops the old trainer until the new one
+        is verified or the restart has failed: a run_end written meanwhile says
+        `restarting`, and `status` answers restarting. A restarter that dies drops it."""
+        return self.root / "restart.lock"
+
+    @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 

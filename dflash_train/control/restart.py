@@ -6,6 +6,7 @@ a new one (`fresh`), which leaves the old run's checkpoints and export in place.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -33,7 +34,9 @@ from dflash_train.control.run_config import (
     with_values,
 )
 from dflash_train.control.stop import stop_run
-from dflash_train.rundir import RunDir, lock_is_held, read_json
+from dflash_train.rundir import LockHeld, RunDir, RunLock, lock_is_held, read_json
+from dflash_train.stream.reader import last_record
+from dflash_train.stream.writer import StatusWriter
 
 
 def restart_run(
@@ -86,7 +89,10 @@ def restart_run(
             return refusal
     root = run_dir.checkpoints
     try:
-        with control_guard(run_dir):
+        # The restart lock, from before the stop until the new trainer is verified: the
+        # old trainer's run_end then says `restarting`, so every console reads RESTARTING
+        # (not STOPPED) for the pass between the two trainers.
+        with control_guard(run_dir), RunLock(run_dir.restart_lock):
             stopped: dict[str, Any] | None = None
             if lock_is_held(run_dir.lock):
                 stop = stop_run(run_dir, timeout_s=stop_timeout_s)
@@ -118,7 +124,11 @@ def restart_run(
                 env_file=env_file,
                 config=new,
             )
+            if not launched.ok and stopped is not None:
+                _say_restart_failed(run_dir, launched)
     except ControlBusy as exc:
+        return protocol.reply_error("restart", "busy", str(exc))
+    except LockHeld as exc:  # a restarter that got past control_guard cannot meet one
         return protocol.reply_error("restart", "busy", str(exc))
     layout = checkpoint_layout.run_layout(run_dir.root, run_id)
     previous = None
@@ -144,6 +154,28 @@ def restart_run(
             "restart", launched.error_code or "launch_failed", launched.error or "", **data
         )
     return protocol.reply_ok("restart", **data)
+
+
+def _say_restart_failed(run_dir: RunDir, launched: protocol.Reply) -> None:
+    """The old trainer's run_end said a restart was under way; the new trainer did not
+    come up. Said in the stream (no trainer writes it now), so every console leaves
+    RESTARTING for STOPPED and alerts, not only the one that asked for the restart."""
+    last = last_record(run_dir.status)
+    if last is None:
+        return
+    why = launched.error or launched.error_code or "the new trainer did not start"
+    with contextlib.suppress(LockHeld), RunLock(run_dir.lock):
+        writer = StatusWriter(run_dir.status, last.run)
+        try:
+            writer.write(
+                "event",
+                level="error",
+                code=protocol.RESTART_FAILED,
+                message=f"restart failed: {why}"[:500],
+                error_code=launched.error_code,
+            )
+        finally:
+            writer.close()
 
 
 def _check_resumable(

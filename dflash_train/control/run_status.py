@@ -56,7 +56,14 @@ def _total_steps(run_dir: RunDir, facts: StreamFacts) -> int | None:
 def run_status(
     run_dir: RunDir, *, stall_after_s: float = DEFAULT_STALL_AFTER_S, now: float | None = None
 ) -> dict[str, Any]:
-    now = time.time() if now is None else now
+    info = _run_status(run_dir, stall_after_s, time.time() if now is None else now)
+    if lock_is_held(run_dir.restart_lock):
+        # Between a restart's two trainers: the old one's stop is a pass, not the end.
+        info["state"] = "restarting"
+    return info
+
+
+def _run_status(run_dir: RunDir, stall_after_s: float, now: float) -> dict[str, Any]:
     record = read_json(run_dir.run_json)
     record = record if isinstance(record, dict) else {}
     held = lock_is_held(run_dir.lock)

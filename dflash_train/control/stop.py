@@ -91,6 +91,7 @@ def _mark_killed(run_dir: RunDir, run_id: str, waited: float) -> bool:
             exit_code=KILLED_EXIT_CODE,
             stopped_by="kill",
             message=f"killed by dflash-train stop: no exit {waited:g} s after SIGTERM",
+            **({"restarting": True} if lock_is_held(run_dir.restart_lock) else {}),
         )
     finally:
         writer.close()

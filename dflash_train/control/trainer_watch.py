@@ -11,13 +11,15 @@ from pathlib import Path
 
 from dflash_train import protocol
 from dflash_train.rundir import lock_holder_pid, lock_is_held
-from dflash_train.stream.reader import last_record
+from dflash_train.stream.reader import last_record, read_envelope, tail_lines
 
 # A `stop` that escalated to SIGKILL writes the run_end for its trainer once the lock is
 # free: give it that long before calling the trainer gone.
 GRACE_S = 2.0
 # The lock is probed at most this often, however fast lines come.
 PROBE_EVERY_S = 0.5
+# How far back the events appended after a run_end are looked through.
+ENDED_TAIL_BYTES = 256 * 1024
 
 
 class TrainerWatch:
@@ -56,6 +58,17 @@ class TrainerWatch:
             return None
         self._judged = True  # one look per spell: a finished run's tail reads no more
         last = last_record(self.stream)
-        if last is None or last.kind == "run_end":
+        if last is None or _ended(self.stream):
             return None
         return protocol.trainer_gone_marker(last.run, last.seq, lock_holder_pid(self.lock))
+
+
+def _ended(stream: Path) -> bool:
+    """Whether the stream's newest line other than an `event` is a run_end: the control
+    plane appends events after a run's end (an evaluation by hand, a restart that failed),
+    each under the run lock, and such a holder leaving is no trainer gone."""
+    for raw in reversed(tail_lines(stream, ENDED_TAIL_BYTES)):
+        env = read_envelope(raw)
+        if env is not None and env.kind != "event":
+            return env.kind == "run_end"
+    return False

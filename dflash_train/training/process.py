@@ -18,7 +18,7 @@ from dflash_train.pipeline.distributed import (
     rank_from_env,
     spawn_other_ranks,
 )
-from dflash_train.rundir import LockHeld, RunDir, RunLock
+from dflash_train.rundir import LockHeld, RunDir, RunLock, lock_is_held
 from dflash_train.stream.summary_cache import KEPT_POINTS
 from dflash_train.stream.writer import StatusWriter
 from dflash_train.training.stop_flag import ORPHANED, StopFlag
@@ -139,6 +139,8 @@ def _run_and_report(
         fields: dict[str, Any] = {"reason": reason, "exit_code": code, "step": run.progress.step}
         if reason == "error":
             fields["error_tail"] = stop.message
+        elif reason == "signal" and lock_is_held(run_dir.restart_lock):
+            fields["restarting"] = True  # stopped by a restart: its next trainer follows
         writer.write("run_end", **fields)
     print(f"run_end: {reason} at step {run.progress.step}", file=sys.stderr)
     return code

@@ -22,13 +22,18 @@ SETTLE_S = 5.0
 CAUSES: dict[str, tuple[str, str]] = {
     "crash": ("run crashed", "crashed"),
     "checkpoint_failed": ("checkpoint failed", "checkpoint_failed"),
+    "restart_failed": ("restart failed", "restart_failed"),
     "nonfinite": ("non-finite step", "nan_steps"),
     "connection_lost": ("connection lost", "connection_lost"),
     "stall": ("run stalled", "stalled"),
 }
 # Causes that belong to one run: a new run id forgets them.
-RUN_CAUSES = frozenset({"crash", "checkpoint_failed", "nonfinite"})
-EVENT_CAUSES = {"nonfinite_step": "nonfinite", "checkpoint_failed": "checkpoint_failed"}
+RUN_CAUSES = frozenset({"crash", "checkpoint_failed", "nonfinite", "restart_failed"})
+EVENT_CAUSES = {
+    "nonfinite_step": "nonfinite",
+    "checkpoint_failed": "checkpoint_failed",
+    "restart_failed": "restart_failed",
+}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 

@@ -20,7 +20,7 @@ from dflash_tui.sources.host_link import HostKey, HostLink, TransportFactory, de
 from dflash_tui.sources.pace import eta_s
 from dflash_tui.sources.profiles import Profile
 from dflash_tui.sources.session import Session
-from dflash_tui.sources.state import END_STATES, STALL_AFTER_S, RunState
+from dflash_tui.sources.state import STALL_AFTER_S, RunState
 
 # How far before the stream's end a row's tail starts: enough lines for a rate (ETA), a
 # GPU tick and the latest metrics.
@@ -37,6 +37,7 @@ BADGE_ORDER = {
     "no_trainer": 2,
     "running": 3,
     "connecting": 4,
+    "restarting": 4,
     "stopped": 5,
     "finished": 6,
     "no run": 7,
@@ -172,7 +173,7 @@ class FleetRow:
         status = self.status
         if state.run_id == (status or {}).get("run_id"):
             if state.end is not None:
-                return END_STATES.get(state.end["reason"], "finished")
+                return state.end_state(now)
             if state.crashed_by_status:
                 return "crashed"  # the box's tail saw the trainer go without a run_end
         if status is None:
@@ -186,7 +187,7 @@ class FleetRow:
             return "no run"
         if verdict == "finished":
             return "crashed" if status.get("reason") == "error" else "finished"
-        if verdict in ("crashed", "stopped"):
+        if verdict in ("crashed", "stopped", "restarting"):
             return verdict
         age = self.age(now)
         return "stalled" if age is not None and age > STALL_AFTER_S else "running"

@@ -17,6 +17,7 @@ from dflash_train.protocol import (
     DEFAULT_SETTINGS,
     GPUS_RUN_ID,
     LIVE_SETTINGS,
+    RESTART_FAILED,
     TRAINER_GONE,
     Rejected,
     Reply,
@@ -35,6 +36,10 @@ _step_values = operator.itemgetter(*STEP_METRICS)
 STALL_AFTER_S = 60.0
 # run_end reason -> the run's state: a signal is an operator's stop (resumable).
 END_STATES = {"completed": "finished", "signal": "stopped", "error": "crashed"}
+# Longest pass between a restart's two trainers that reads RESTARTING: the box's restart
+# waits up to its --wait (verification) after a stop of up to --timeout; past this the
+# restarter is taken to have died and the run reads by its run_end.
+RESTART_WAIT_S = 600.0
 _SETTING_IN_MESSAGE = re.compile(r"\b(" + "|".join(LIVE_SETTINGS) + r")\s*[=:]\s*(\d+)")
 
 Series = deque[tuple[float, float]]
@@ -136,6 +141,8 @@ class RunState:
         self.last_time: float | None = None
         self.last_arrival: float | None = None
         self.crashed_by_status = False
+        # The box said the restart that ended this run did not bring its next trainer up.
+        self.restart_failed = False
         self.lines_applied = 0
         self.pace = SegmentPace()
 
@@ -186,6 +193,7 @@ class RunState:
         self.start = line
         self.end = None
         self.crashed_by_status = False
+        self.restart_failed = False
         config = line["config"]
         self.config = config
         self.topology = line["topology"]
@@ -287,6 +295,8 @@ class RunState:
                 pairs = _SETTING_IN_MESSAGE.findall(line["message"])
             for key, value in pairs:
                 self.settings[key] = int(value)
+        elif line["code"] == RESTART_FAILED:
+            self.restart_failed = True
         elif line["code"] == "epoch_end" and isinstance(line.get("epoch"), int):
             self.epoch = line["epoch"]
         elif line["code"] == "eval" and _is_number(line.get("tau")):
@@ -379,9 +389,20 @@ class RunState:
             return None
         return max(0.0, (self.clock() if now is None else now) - self.last_arrival)
 
+    def end_state(self, now: float | None = None) -> str:
+        """The state an ended run reads: its run_end's reason, except that a run ended by
+        a restart reads restarting until its next trainer speaks (a new run_start), the
+        box says the restart failed, or RESTART_WAIT_S pass (a restarter that died)."""
+        assert self.end is not None
+        if self.end.get("restarting") is True and not self.restart_failed:
+            age = self.last_line_age(now)
+            if age is None or age <= RESTART_WAIT_S:
+                return "restarting"
+        return END_STATES.get(self.end["reason"], "finished")
+
     def state_at(self, now: float | None = None) -> str:
         if self.end is not None:
-            return END_STATES.get(self.end["reason"], "finished")
+            return self.end_state(now)
         if self.crashed_by_status:
             return "crashed"
         if self.last_arrival is None:
@@ -393,7 +414,8 @@ class RunState:
 
     @property
     def run_state(self) -> str:
-        """running | finished | stopped | crashed | stalled | not_started (RUN_STATES)."""
+        """RUN_STATES: running | finished | stopped | crashed | stalled | not_started |
+        restarting, and preparing (a launched prepare)."""
         return self.state_at()
 
     @property

@@ -30,6 +30,7 @@ BADGE_STYLE = {
     # alert causes (sources/alerts.py) name themselves in the badge
     "nan_steps": "error",
     "checkpoint_failed": "error",
+    "restart_failed": "error",
     "connection_lost": "error",
 }
 # Badges whose word alone would not say what to do.

@@ -153,9 +153,12 @@ def test_tail_sends_the_marker_once_for_a_dead_holder_and_none_after_run_end(
     # grace period, and once only; a trainer that wrote its run_end first is not gone.
     assert watch_answers(tmp_path / "no-end", ends=False) == [False, False, False, True, False]
     assert watch_answers(tmp_path / "ended", ends=True) == [False] * 5
+    # Events the control plane appends after the run_end, under the run lock (an
+    # evaluation by hand, a failed restart): that holder leaving is no trainer gone.
+    assert watch_answers(tmp_path / "appended", ends=True, appended=True) == [False] * 6
 
 
-def watch_answers(where: Path, *, ends: bool) -> list[bool]:
+def watch_answers(where: Path, *, ends: bool, appended: bool = False) -> list[bool]:
     """Whether the watch answered a marker: before any holder, while held, within the grace
     period after, past it, and once more."""
     now = [0.0]
@@ -176,6 +179,12 @@ def watch_answers(where: Path, *, ends: bool) -> list[bool]:
             writer.write("run_end", reason="signal", exit_code=0)
     writer.close()
     check(3.0)
+    if appended:
+        with RunLock(lock):
+            check(4.0)
+            after = StatusWriter(stream, RUN_ID)
+            after.write("event", level="error", code="restart_failed", message="restart failed")
+            after.close()
     check(6.0)
     check(9.0)
     return answers

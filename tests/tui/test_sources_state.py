@@ -90,6 +90,33 @@ def test_error_end_and_status_verdict_mean_crashed() -> None:
     assert other.run_state == "crashed"
 
 
+def test_a_restart_reads_restarting_until_the_next_trainer_or_its_failure() -> None:
+    from dflash_tui.sources.state import RESTART_WAIT_S
+
+    clock = Clock()
+    state = RunState(clock=clock)
+    state.apply(run_start())
+    state.apply(line("run_end", 1, reason="signal", exit_code=0, restarting=True))
+    assert state.run_state == "restarting" and state.eta_s is None
+    state.apply(run_start(2))  # the next trainer (a resume: the same run id)
+    assert state.run_state == "running"
+    state.apply(line("run_end", 3, reason="signal", exit_code=0, restarting=True))
+    state.apply(line("event", 4, level="error", code="restart_failed", message="restart failed"))
+    assert state.run_state == "stopped" and state.restart_failed
+    # A restarter that died says nothing more: past RESTART_WAIT_S the run_end's reason.
+    lost = RunState(clock=clock)
+    lost.apply(run_start())
+    lost.apply(line("run_end", 1, reason="signal", exit_code=0, restarting=True))
+    clock.now += RESTART_WAIT_S - 1
+    assert lost.run_state == "restarting"
+    clock.now += 2
+    assert lost.run_state == "stopped"
+    plain = RunState(clock=clock)
+    plain.apply(run_start())
+    plain.apply(line("run_end", 1, reason="signal", exit_code=0))  # a plain `stop`
+    assert plain.run_state == "stopped"
+
+
 def test_stalled_after_silence_by_arrival_clock() -> None:
     clock = Clock()
     state = RunState(clock=clock, stall_after=30)
