@@ -129,7 +129,7 @@ class DflashApp(App[None]):
         self.theme_names.extend(themes.install(self, self.options.theme))
         self._saved_theme = self.theme
         self.theme_changed_signal.subscribe(self, self._remember_theme)
-        self.push_screen(MainScreen())
+        self.push_screen(self.make_main_screen())
         self.set_interval(1 / REFRESH_HZ, self.redraw)
         self.connect_and_follow()
         if self.startup is not None:
@@ -159,6 +159,9 @@ class DflashApp(App[None]):
             yield SystemCommand(
                 f"Theme: {name}", "switch the colour theme", lambda n=name: self._set_theme(n)
             )
+
+    def make_main_screen(self) -> MainScreen:
+        return MainScreen()
 
     def main_screen(self) -> MainScreen | None:
         for screen in self.screen_stack:

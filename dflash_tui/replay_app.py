@@ -9,11 +9,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from textual import events, work
+from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer
 
 from dflash_tui import keymap
 from dflash_tui.app import ConsoleOptions, DflashApp
+from dflash_tui.screens.main import MainScreen
 from dflash_tui.sources.replay import ReplayClock, ReplayError, ReplaySession, Timeline
 from dflash_tui.sources.session import Session
 from dflash_tui.sources.transport import HostKeyUnknown, Transport, TransportError
@@ -144,12 +146,27 @@ class ReplayApp(DflashApp):
     def maybe_check_status(self, now: float) -> None:
         return None  # the box's present state says nothing about a moment of the past
 
+    def make_main_screen(self) -> MainScreen:
+        return ReplayScreen()
+
     def redraw(self) -> None:
         main = self.main_screen()
-        if main is not None and main.is_attached:
-            bars = main.query(ReplayBar)
-            if bars:
-                bars.first().show(self.cursor_facts(), self.colours())
-            else:
-                main.mount(ReplayBar(), before=main.query_one(Footer))
+        # Before the screen has composed (or once it is torn down) there is no bar to paint.
+        bars = main.query(ReplayBar) if main is not None else ()
+        if bars:
+            bars.first().show(self.cursor_facts(), self.colours())
         super().redraw()
+
+
+class ReplayScreen(MainScreen):
+    """The live dashboard with the cursor's bar above the footer. Composed with the screen:
+    a bar mounted later by a redraw raced the screen's own compose (no Footer yet)."""
+
+    def compose(self) -> ComposeResult:
+        for widget in super().compose():
+            if isinstance(widget, Footer):
+                yield ReplayBar()
+            yield widget
+
+    def fit_height(self, height: int) -> None:
+        super().fit_height(height - 1)  # the bar's row
