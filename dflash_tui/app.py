@@ -492,7 +492,8 @@ class DflashApp(App[None]):
 
     def redraw(self) -> None:
         main = self.main_screen()
-        if main is None or not main.is_attached:
+        # is_mounted: the screen has composed its panes (an attached one may not have yet).
+        if main is None or not main.is_mounted:
             return
         now = self.clock()
         for alert in self.alerts.check(self.state.run_state, self.connection, now):

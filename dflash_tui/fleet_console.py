@@ -5,6 +5,7 @@ keep going while a dashboard is open, and the dashboard talks over the same conn
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -12,6 +13,7 @@ from typing import Any
 
 from textual.app import App
 from textual.binding import Binding
+from textual.css.query import NoMatches
 
 from dflash_tui import themes
 from dflash_tui.app import DflashApp
@@ -55,8 +57,12 @@ class FleetApp(App[str]):
         self.set_interval(1 / REFRESH_HZ, self.refresh_rows)
 
     def refresh_rows(self) -> None:
-        if isinstance(self.screen, FleetScreen):
-            self.screen.refresh_rows()
+        screen = self.screen
+        # The timer can fire between the push and the screen's compose (NoMatches on
+        # '#fleet-filter' in CI), and while the app tears the screen down.
+        if isinstance(screen, FleetScreen) and screen.is_mounted:
+            with contextlib.suppress(NoMatches):
+                screen.refresh_rows()
 
     def colours(self) -> dict[str, str]:
         return themes.palette(self)

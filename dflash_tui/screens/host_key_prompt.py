@@ -1,5 +1,7 @@
 """Asks whether to trust a host whose key is not in known_hosts, showing its fingerprint;
-nothing is written unless the operator says yes."""
+nothing is written unless the operator says yes. Keys as in ConfirmDialog's dangerous form
+(seen in tmux: `y` did nothing and nothing said which button had the focus): `y` trusts;
+`n`, Esc and Enter (Refuse has the focus) refuse."""
 
 from __future__ import annotations
 
@@ -14,7 +16,12 @@ from textual.widgets import Button, Static
 
 
 class HostKeyPrompt(ModalScreen[bool]):
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "refuse", "Refuse")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "refuse", "Refuse"),
+        Binding("y", "trust", "Trust", show=False),
+        Binding("n", "refuse", "Refuse", show=False),
+    ]
+    HINT = "y: Trust and connect   n, Esc or Enter: Refuse"
 
     def __init__(self, host: str, port: int, fingerprint: str) -> None:
         super().__init__()
@@ -32,6 +39,7 @@ class HostKeyPrompt(ModalScreen[bool]):
                 classes="dialog-body",
                 markup=False,
             )
+            yield Static(self.HINT, classes="dialog-hint", markup=False)
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Trust and connect", id="trust", variant="warning")
                 yield Button("Refuse", id="refuse")
@@ -40,7 +48,7 @@ class HostKeyPrompt(ModalScreen[bool]):
         self.query_one("#refuse", Button).focus()
 
     @on(Button.Pressed, "#trust")
-    def trust(self) -> None:
+    def action_trust(self) -> None:
         self.dismiss(True)
 
     @on(Button.Pressed, "#refuse")

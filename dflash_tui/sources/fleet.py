@@ -103,6 +103,9 @@ class FleetRow:
         self.status_broken = False
         self.no_trainer = False  # the box answers, but has no trainer where the profile says
         self.fresh_at: float | None = None  # arrival of the newest line past the status
+        # A trainer's run_start arrived after the newest status: the stream is the newer word
+        # (a restart's status said restarting, the new trainer has spoken since).
+        self.started_after_status = False
         self.session = RowSession(
             link.view(profile),
             run_dir=profile.run_dir,
@@ -127,6 +130,8 @@ class FleetRow:
         last = status.get("last_seq")
         if line.run != status.get("run_id") or line.seq > (last if isinstance(last, int) else -1):
             self.fresh_at = self.clock()
+            if line.kind == "run_start":
+                self.started_after_status = True
 
     async def poll_status(self) -> Reply:
         # Bounded here as a whole: on a host that stopped answering, even opening the
@@ -141,6 +146,7 @@ class FleetRow:
             self.status, self.status_error, self.status_at = reply.data, None, now
             self.status_broken = self.no_trainer = False
             self.fresh_at = None
+            self.started_after_status = False
             self.alerts.on_status(reply)
         elif reply.error_code not in UNREACHABLE_CODES:
             self.status, self.status_error, self.status_at = None, reply.error, now
@@ -171,11 +177,15 @@ class FleetRow:
             return "unreachable"
         state = self.state
         status = self.status
-        if state.run_id == (status or {}).get("run_id"):
+        if self.started_after_status or state.run_id == (status or {}).get("run_id"):
             if state.end is not None:
                 return state.end_state(now)
             if state.crashed_by_status:
                 return "crashed"  # the box's tail saw the trainer go without a run_end
+        if self.started_after_status:
+            # Seen in tmux: a fleet row read RESTARTING 13 s past the new trainer's first
+            # steps, until its next status. What the status said is older than this start.
+            return self._running_or_stalled(now)
         if status is None:
             if self.no_trainer:
                 return "no_trainer"
@@ -189,6 +199,9 @@ class FleetRow:
             return "crashed" if status.get("reason") == "error" else "finished"
         if verdict in ("crashed", "stopped", "restarting"):
             return verdict
+        return self._running_or_stalled(now)
+
+    def _running_or_stalled(self, now: float) -> str:
         age = self.age(now)
         return "stalled" if age is not None and age > STALL_AFTER_S else "running"
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from textual.widgets import Static
+
 from dflash_tui.app import ConsoleOptions, DflashApp
 from dflash_tui.screens.host_key_prompt import HostKeyPrompt
 from dflash_tui.sources.known_hosts import fingerprint, host_is_listed
@@ -125,5 +127,26 @@ async def test_r_after_refusing_asks_again_and_trust_then_follows(
         assert app.screen.fingerprint == fingerprint(inproc_server.host_key)
         app.screen.query_one("#trust").focus()
         await pilot.press("enter")
+        await wait_until(pilot, lambda: app.state.step == 299)
+    assert host_is_listed(known, LOOPBACK, inproc_server.port)
+
+
+async def test_y_trusts_and_n_refuses_as_the_hint_says(
+    inproc_server: InProcessServer, client_key: ClientKey, tmp_path: Path
+) -> None:
+    """Seen in tmux: `y` (the yes of every other dialog) did nothing on this prompt, and
+    nothing said which button Enter would press. The hint names the keys and they work."""
+    known = tmp_path / "known_hosts"
+    app = ssh_console(inproc_server, client_key, known, make_run_dir(tmp_path))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_until(pilot, lambda: getattr(app.focused, "id", None) == "refuse")
+        hint = str(app.screen.query_one(".dialog-hint", Static).render())
+        assert "y: Trust and connect" in hint and "n, Esc or Enter: Refuse" in hint
+        await pilot.press("n")
+        await wait_until(pilot, lambda: not isinstance(app.screen, HostKeyPrompt))
+        assert app.badge() == "failed" and not known.exists()
+        await pilot.press("r")
+        await wait_until(pilot, lambda: getattr(app.focused, "id", None) == "refuse")
+        await pilot.press("y")
         await wait_until(pilot, lambda: app.state.step == 299)
     assert host_is_listed(known, LOOPBACK, inproc_server.port)

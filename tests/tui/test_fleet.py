@@ -15,7 +15,7 @@ from textual.widgets import DataTable, Input
 
 from dflash_tui.app import DflashApp
 from dflash_tui.fleet_console import BACK, FleetApp, FleetDashboardApp, fleet_from_config, run_fleet
-from dflash_tui.screens.fleet import COLUMNS, row_cells
+from dflash_tui.screens.fleet import COLUMNS, FleetScreen, row_cells
 from dflash_tui.sources.backoff import Backoff
 from dflash_tui.sources.fleet import Fleet, RowView
 from dflash_tui.sources.host_link import PrefixedTransport
@@ -333,3 +333,22 @@ def test_no_destination_opens_the_fleet_when_profiles_exist(
     assert not wants_fleet(parse(["one"])) and not wants_fleet(parse(["--run-dir", "/x"]))
     config.write_text('default_profile = "one"\n[profiles.one]\nrun_dir = "/r"\n')
     assert not wants_fleet(parse([]))  # the default profile, as before
+
+
+async def test_a_redraw_before_the_fleet_screen_has_composed_waits_for_it() -> None:
+    """CI under load: the refresh timer fired between the push of the fleet screen and its
+    compose, and the query for the filter box raised NoMatches in the app."""
+    fleet = Fleet([], status_every=600)
+    app = FleetApp(fleet)
+    try:
+        async with app.run_test(size=(160, 20)) as pilot:
+            await wait_until(pilot, lambda: isinstance(app.screen, FleetScreen))
+            fresh = FleetScreen()
+            app.push_screen(fresh)  # not composed until the loop runs again
+            assert app.screen is fresh and not fresh.is_mounted
+            app.refresh_rows()
+            await wait_until(pilot, lambda: fresh.is_mounted)
+            app.refresh_rows()
+            assert "no profiles yet" in str(fresh.query_one("#fleet-title").render())
+    finally:
+        await fleet.close()
