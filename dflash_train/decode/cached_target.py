@@ -268,7 +268,10 @@ def capture_graph(run: Callable[[], T], device: torch.device) -> tuple[torch.cud
         for _ in range(2):
             run()
     torch.cuda.current_stream(device).wait_stream(stream)
-    with torch.inference_mode(), torch.cuda.graph(graph):
+    # thread_local: only this thread's calls are checked during the capture. Inside the
+    # trainer other threads pin host memory (the loader, the checkpoint write), which the
+    # default (global) mode forbids while any stream captures, failing both sides.
+    with torch.inference_mode(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
         out = run()
     return graph, out
 

@@ -405,16 +405,18 @@ def evaluate_prompts(
     greedy: dict[tuple[int, ...], Generation] | None = None,
     graphs: bool | None = None,
     on_prompt: Callable[[str, int, float | None], None] | None = None,
+    divergences: bool = True,
 ) -> EvalSummary | list[EvalSummary]:
     """Decode every prompt greedily and speculatively (batch 1, one after the other, timed)
     and compare. With `block_sizes`, one summary per block size (greedy decoded once).
     `static`: Decoder's, for the CPU (CUDA decides on the device anyway). `greedy`: plain
     decodings kept from an earlier call with the same target (the in-run evaluation's,
     whose target is frozen): a prompt found there is not decoded greedily again.
-    `graphs`: Decoder's (False: eager even on CUDA, as inside the trainer, whose other
-    threads allocate pinned memory, which a graph capture in progress forbids).
-    `on_prompt(phase, prompts done, tau so far)` after each prompt: phase "greedy" (tau
-    None), then "block N" per block size (`eval`'s progress lines)."""
+    `graphs`: Decoder's (False: eager even on CUDA). `on_prompt(phase, prompts done, tau
+    so far)` after each prompt: phase "greedy" (tau None), then "block N" per block size
+    (`eval`'s progress lines). `divergences`: decode each mismatch greedily again to find
+    where it diverged (what `eval` reports; the in-run evaluation, which reports only
+    whether it was lossless, leaves them out: up to another greedy decoding a prompt)."""
     sizes = list(block_sizes) if block_sizes else [drafter.config.block_size]
     longest = max(len(p) for p in prompt_token_ids)
     capacity = longest + max_new_tokens + max(sizes) + 1
@@ -453,7 +455,7 @@ def evaluate_prompts(
         # After the timed decodes: greedy again for each mismatch, up to its divergence.
         found = (
             first_divergence(decoder, i, prompt_token_ids[i], plain[i], spec[i], stop_ids)
-            for i in summary.mismatches
+            for i in (summary.mismatches if divergences else ())
         )
         divergences = tuple(d for d in found if d is not None)
         summaries.append(dataclasses.replace(summary, divergences=divergences))

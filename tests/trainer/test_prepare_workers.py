@@ -130,3 +130,20 @@ def test_sigkill_mid_way_then_resume_gives_exactly_the_full_set(
     assert reply.data["resumed_chunks"] == len(written)
     answered = sum(w["chunks"] for w in reply.data["workers"])
     assert answered == SAMPLES, "prepare.json counts the earlier call's chunks too"
+
+
+def test_two_workers_out_of_time_write_what_they_answered(tmp_path: Path) -> None:
+    """--max-seconds with two workers, as with one: the chunks started in time are written and
+    the rest is unanswered, not "failed twice" (seen on an H200: the whole prepare failed)."""
+    out = tmp_path / "data"
+    argv = [sys.executable, "-m", "dflash_train", "prepare", *ARGS, "--out", str(out)]
+    argv += ["--devices", "cpu,cpu", "--max-seconds", "0.001"]
+    done = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=WAIT_S)
+    reply = protocol.decode_reply(done.stdout)
+    assert isinstance(reply, protocol.Reply) and reply.ok, (done.stdout, done.stderr[-3000:])
+    # Out of time at once: each worker still answers the chunk it was handed when ready (a
+    # dataset is never empty), no further one.
+    written = reply.data["stats"]["samples"]
+    assert 1 <= written <= 2 and reply.data["unanswered"] == SAMPLES - written
+    assert reply.data["retried_chunks"] == []
+    assert len(_rows(out)) == written
