@@ -20,7 +20,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dflash_train.commands.launch import print_reply
-    from dflash_train.config.prepare_config import PrepareError, from_words
+    from dflash_train.config.prepare_config import PrepareError, PrepareStopped, from_words
     from dflash_train.data.prepare import prepare_dataset
     from dflash_train.data.prompts import PromptError
 
@@ -28,6 +28,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = from_words(given_options(args))
         info = prepare_dataset(config)
+    except PrepareStopped as exc:
+        print_reply(protocol.reply_error("prepare", "stopped", str(exc)))
+        return 128 + exc.signum  # as a shell reports a process the signal ended
     except (PrepareError, PromptError) as exc:
         print_reply(protocol.reply_error("prepare", "bad_argument", str(exc)))
         return 2

@@ -25,6 +25,14 @@ class PrepareError(ValueError):
     """A one-line, operator-facing reason prepare cannot run."""
 
 
+class PrepareStopped(PrepareError):
+    """SIGTERM or SIGINT ended the prepare; the finished chunks stay for a resume."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
 def _devices_rule(value: str) -> None:
     if value != "all":
         parse_devices(value)

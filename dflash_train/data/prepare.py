@@ -602,7 +602,12 @@ def prepare_dataset(config: PrepareConfig, *, target: Target | None = None) -> d
             devices,
             lambda w: _prepare(config, devices, work, fingerprint_, resuming, loaders, target, w),
         )
-    return _prepare(config, devices, work, fingerprint_, resuming, loaders, target, None)
+    from dflash_train.data.prepare_run import stoppable
+
+    return stoppable(
+        lambda: _prepare(config, devices, work, fingerprint_, resuming, loaders, target, None),
+        work.root,
+    )
 
 
 def _prepare(

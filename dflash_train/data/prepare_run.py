@@ -14,10 +14,11 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from dflash_train.config.environment import run_id_override
-from dflash_train.config.prepare_config import PrepareConfig, PrepareError
+from dflash_train.config.prepare_config import PrepareConfig, PrepareError, PrepareStopped
 from dflash_train.rundir import LockHeld, RunDir, RunLock
 from dflash_train.stream.writer import StatusWriter
 
@@ -28,9 +29,33 @@ GPU_EVERY_S = 5.0
 class Stopped(BaseException):
     """Raised in the main thread by SIGTERM/SIGINT: a `stop`. The finished chunks stay."""
 
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
 
 def _on_signal(signum: int, _frame: Any) -> None:
-    raise Stopped(signal.Signals(signum).name)
+    raise Stopped(signum)
+
+
+def stoppable(body: Callable[[], dict[str, Any]], work_root: Path) -> dict[str, Any]:
+    """A plain `dflash-train prepare` answers SIGTERM and SIGINT as a launched one does: the
+    workers are ended, the finished chunks stay, and the reply says how to go on (it used to
+    die without a reply). Signal handlers only exist in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return body()
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return body()
+    except Stopped as exc:
+        raise PrepareStopped(
+            f"prepare stopped by {exc.args[0]}; the finished chunks stay in {work_root}: "
+            "run it again with the same arguments to resume",
+            exc.signum,
+        ) from None
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _beside(writer: StatusWriter, devices: tuple[str, ...], done: threading.Event) -> None:
@@ -85,8 +110,8 @@ def run_under_control(
         except Stopped as exc:
             print(f"{exc.args[0]} received: the finished chunks stay for a resume", file=sys.stderr)
             writer.write("run_end", reason="signal", exit_code=0, mode=MODE)
-            raise PrepareError(
-                f"prepare stopped by {exc.args[0]}; run it again to resume"
+            raise PrepareStopped(
+                f"prepare stopped by {exc.args[0]}; run it again to resume", exc.signum
             ) from None
         except BaseException as exc:
             tail = traceback.format_exc().strip().splitlines()[-20:]

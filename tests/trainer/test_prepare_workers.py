@@ -147,3 +147,67 @@ def test_two_workers_out_of_time_write_what_they_answered(tmp_path: Path) -> Non
     assert 1 <= written <= 2 and reply.data["unanswered"] == SAMPLES - written
     assert reply.data["retried_chunks"] == []
     assert len(_rows(out)) == written
+
+
+def test_sigterm_of_a_plain_prepare_replies_stopped_and_a_rerun_finishes(
+    tmp_path: Path, one_worker: list[tuple[int, list[int], list[int]]]
+) -> None:
+    """A plain CLI prepare (no --run-dir) answers SIGTERM as a launched one does: its workers
+    end, the finished chunks stay, and the one-line reply says how to go on (it died
+    without a reply before)."""
+    out = tmp_path / "data"
+    parts = work_dir_of(out) / PARTS
+    proc = _start(out, "cpu,cpu")
+    _wait_for(lambda: parts.is_dir() and any(parts.glob("chunk_*[0-9]")), "first part", proc)
+    proc.send_signal(signal.SIGTERM)  # the prepare alone, not its process group
+    stdout, stderr = proc.communicate(timeout=WAIT_S)
+    reply = protocol.decode_reply(stdout)
+    assert isinstance(reply, protocol.Reply), (stdout, stderr[-3000:])
+    assert (reply.ok, reply.error_code, proc.returncode) == (False, "stopped", 128 + 15)
+    assert "SIGTERM" in (reply.error or "") and "run it again" in (reply.error or "")
+    assert not (work_dir_of(out) / WORKERS_FILE).exists(), "its workers were ended"
+    written = sorted(p.name for p in parts.glob("chunk_*[0-9]"))
+    assert 1 <= len(written) < SAMPLES, written
+
+    again = _finish(_start(out, "cpu,cpu"))
+    assert _rows(out) == one_worker and again.data["resumed_chunks"] == len(written)
+
+
+def test_a_chunk_whose_worker_dies_twice_is_reported_and_a_rerun_finishes(
+    tmp_path: Path, one_worker: list[tuple[int, list[int], list[int]]]
+) -> None:
+    """A worker killed on a chunk: the chunk is retried once on a new worker; killed again,
+    the prepare fails naming the chunk, keeps every finished chunk, and a rerun completes."""
+    out = tmp_path / "data"
+    record = work_dir_of(out) / WORKERS_FILE
+    killed: list[int] = []
+
+    def holder(chunk: int | None) -> dict[str, int] | None:
+        try:
+            workers = json.loads(record.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        busy = [w for w in workers if w["chunk"] is not None and w["pid"] not in killed]
+        return next((w for w in busy if chunk is None or w["chunk"] == chunk), None)
+
+    proc = _start(out, "cpu,cpu")
+    _wait_for(lambda: holder(None) is not None, "a chunk handed out", proc)
+    first = holder(None)
+    assert first is not None
+    chunk = first["chunk"]
+    for _ in range(2):
+        _wait_for(lambda: holder(chunk) is not None, f"chunk {chunk} handed out", proc)
+        victim = holder(chunk)
+        assert victim is not None
+        os.kill(victim["pid"], signal.SIGKILL)
+        killed.append(victim["pid"])
+    stdout, stderr = proc.communicate(timeout=WAIT_S)
+    reply = protocol.decode_reply(stdout)
+    assert isinstance(reply, protocol.Reply) and not reply.ok, (stdout, stderr[-3000:])
+    assert f"chunk {chunk} failed twice" in (reply.error or ""), reply.error
+    assert "run again to retry" in (reply.error or "")
+    assert not out.exists(), "no dataset with a chunk missing"
+
+    again = _finish(_start(out, "cpu,cpu"))
+    assert _rows(out) == one_worker, "the rerun answers the failed chunk, no prompt twice"
+    assert again.data["resumed_chunks"] >= 1
