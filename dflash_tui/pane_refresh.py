@@ -173,7 +173,16 @@ def header_facts(app: DflashApp, now: float) -> HeaderFacts:
         wandb_url=app.wandb_url,
         heldout_tau=None if state.heldout is None else state.heldout.tau,
         heldout_step=None if state.heldout is None else state.heldout.step,
+        preparing=state.mode == "prepare",
+        prepare=_prepare_progress(state) if state.mode == "prepare" else None,
     )
+
+
+def _prepare_progress(state: RunState) -> tuple[int, int, float] | None:
+    line = state.prepare
+    if line is None:
+        return None
+    return int(line["answers_done"]), int(line["answers_total"]), float(line["tokens_per_s"])
 
 
 def _prepare_eta(state: RunState) -> float | None:

@@ -61,6 +61,10 @@ class HeaderFacts:
     # The newest held-out evaluation (an `eval` event): its tau and the step it measured.
     heldout_tau: float | None = None
     heldout_step: int | None = None
+    # A launched prepare (run_start's mode), and its newest progress: answers done and of
+    # all, answer tokens/s (None until its first progress line).
+    preparing: bool = False
+    prepare: tuple[int, int, float] | None = None
 
 
 class RunHeader(Static):
@@ -127,15 +131,31 @@ def _top_line(facts: HeaderFacts, colours: dict[str, str], target: str, run_dir:
 
 def _bottom_line(facts: HeaderFacts, colours: dict[str, str], bar_width: int) -> Text:
     bottom = Text(no_wrap=True, overflow="ellipsis")
-    # The stream counts epochs from 0; people count them from 1 ("epoch 6/6" is the last).
-    epoch = "–" if facts.epoch is None else str(facts.epoch + 1)
-    epochs = "–" if facts.epochs is None else str(facts.epochs)
-    bottom.append(f" epoch {epoch}/{epochs} ")
-    bottom.append(units.bar(facts.epoch_fraction, bar_width), style=colours["primary"])
-    bottom.append(f" {units.percent(facts.epoch_fraction)}")
-    step = "–" if facts.step is None else f"{facts.step:,}"
-    total = "" if facts.total_steps is None else f"/{facts.total_steps:,}"
-    bottom.append(f"  │ step {step}{total}  │ ETA {units.duration(facts.eta_s)}  │ ")
+    if facts.preparing:
+        # A prepare has no epochs or steps (they read "epoch –/–"): its answers instead.
+        done = total_answers = fraction = None
+        speed = "– tok/s"
+        if facts.prepare is not None:
+            done, total_answers, rate = facts.prepare
+            fraction = done / total_answers if total_answers else None
+            # A CPU answers tens of tokens a second, an H200 tens of thousands.
+            speed = f"{rate:,.0f} tok/s" if rate < 1000 else f"{rate / 1000:,.1f} Ktok/s"
+        shown = "–" if done is None else f"{done:,}"
+        of = "–" if total_answers is None else f"{total_answers:,}"
+        bottom.append(f" answers {shown}/{of} ")
+        bottom.append(units.bar(fraction, bar_width), style=colours["primary"])
+        bottom.append(f" {units.percent(fraction)}  │ {speed} answered")
+        bottom.append(f"  │ ETA {units.duration(facts.eta_s)}  │ ")
+    else:
+        # The stream counts epochs from 0; people count them from 1 ("epoch 6/6" is last).
+        epoch = "–" if facts.epoch is None else str(facts.epoch + 1)
+        epochs = "–" if facts.epochs is None else str(facts.epochs)
+        bottom.append(f" epoch {epoch}/{epochs} ")
+        bottom.append(units.bar(facts.epoch_fraction, bar_width), style=colours["primary"])
+        bottom.append(f" {units.percent(facts.epoch_fraction)}")
+        step = "–" if facts.step is None else f"{facts.step:,}"
+        total = "" if facts.total_steps is None else f"/{facts.total_steps:,}"
+        bottom.append(f"  │ step {step}{total}  │ ETA {units.duration(facts.eta_s)}  │ ")
     if facts.heldout_tau is not None:
         bottom.append("held-out τ ")
         bottom.append(f"{facts.heldout_tau:.3f}", style=f"bold {colours['accent']}")

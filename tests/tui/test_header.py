@@ -52,3 +52,20 @@ def test_a_narrow_terminal_shortens_the_paths_not_the_badge() -> None:
     assert " …liverun │ " in render_header(facts, COLOURS, 80).plain
     wide = render_header(facts, COLOURS, 200).plain
     assert facts.run_dir in wide and facts.target in wide  # whole when there is room
+
+
+def test_a_prepare_shows_its_answers_not_epochs_and_steps() -> None:
+    """Seen in the console: a launched prepare read "epoch –/– │ step –" for its whole run."""
+    facts = dataclasses.replace(
+        _facts(None, None), badge="preparing", epochs=None, step=None, total_steps=None,
+        eta_s=125.0, preparing=True,
+    )  # fmt: skip
+    waiting = render_header(facts, COLOURS, 120).plain.split("\n")[1]
+    assert waiting.startswith(" answers –/– ") and "– tok/s answered" in waiting
+    going = dataclasses.replace(facts, prepare=(1_500, 6_000, 9_870.0))
+    bottom = render_header(going, COLOURS, 120).plain.split("\n")[1]
+    assert bottom.startswith(" answers 1,500/6,000 ") and " 25%" in bottom
+    assert "9.9 Ktok/s answered" in bottom and "ETA 2m 05s" in bottom
+    assert "epoch" not in bottom and "step" not in bottom
+    slow = dataclasses.replace(facts, prepare=(16, 120, 94.0))  # a CPU's pace
+    assert "94 tok/s answered" in render_header(slow, COLOURS, 120).plain
