@@ -16,10 +16,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from dflash_train import protocol
-from dflash_train.rundir import LockHeld, RunDir, RunLock, atomic_write_json
+from dflash_train.rundir import LockHeld, RunDir, atomic_write_json
+from dflash_train.stream.append import append_line
 from dflash_train.stream.eval_inbox import inbox_dir
-from dflash_train.stream.reader import last_record
-from dflash_train.stream.writer import StatusWriter
 
 
 def event_line_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -41,16 +40,9 @@ def record_event(run_dir: RunDir, fields: Mapping[str, Any]) -> str:
     line = event_line_fields(fields)
     protocol.encode_line("event", seq=0, run="check", **line)  # a bad record fails here
     try:
-        with RunLock(run_dir.lock):
-            last = last_record(run_dir.status)
-            if last is None:
-                raise ValueError(f"run_dir: {run_dir.status} holds no line to append to")
-            writer = StatusWriter(run_dir.status, last.run)
-            try:
-                writer.write("event", **line)
-            finally:
-                writer.close()
-            return "stream"
+        if not append_line(run_dir, "event", line):
+            raise ValueError(f"run_dir: {run_dir.status} holds no line to append to")
+        return "stream"
     except LockHeld:
         folder = inbox_dir(run_dir)
         folder.mkdir(parents=True, exist_ok=True)

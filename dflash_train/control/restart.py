@@ -35,8 +35,7 @@ from dflash_train.control.run_config import (
 )
 from dflash_train.control.stop import stop_run
 from dflash_train.rundir import LockHeld, RunDir, RunLock, lock_is_held, read_json
-from dflash_train.stream.reader import last_record
-from dflash_train.stream.writer import StatusWriter
+from dflash_train.stream.append import append_line
 
 
 def restart_run(
@@ -160,22 +159,15 @@ def _say_restart_failed(run_dir: RunDir, launched: protocol.Reply) -> None:
     """The old trainer's run_end said a restart was under way; the new trainer did not
     come up. Said in the stream (no trainer writes it now), so every console leaves
     RESTARTING for STOPPED and alerts, not only the one that asked for the restart."""
-    last = last_record(run_dir.status)
-    if last is None:
-        return
     why = launched.error or launched.error_code or "the new trainer did not start"
-    with contextlib.suppress(LockHeld), RunLock(run_dir.lock):
-        writer = StatusWriter(run_dir.status, last.run)
-        try:
-            writer.write(
-                "event",
-                level="error",
-                code=protocol.RESTART_FAILED,
-                message=f"restart failed: {why}"[:500],
-                error_code=launched.error_code,
-            )
-        finally:
-            writer.close()
+    fields = {
+        "level": "error",
+        "code": protocol.RESTART_FAILED,
+        "message": f"restart failed: {why}"[:500],
+        "error_code": launched.error_code,
+    }
+    with contextlib.suppress(LockHeld):  # a trainer holds it after all: it is no failure
+        append_line(run_dir, "event", fields)
 
 
 def _check_resumable(

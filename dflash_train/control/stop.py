@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from dflash_train import protocol
-from dflash_train.rundir import RunDir, lock_holder_pid, lock_is_held, read_json
+from dflash_train.rundir import LockHeld, RunDir, lock_holder_pid, lock_is_held, read_json
+from dflash_train.stream.append import append_line
 from dflash_train.stream.reader import find_lines, last_record
-from dflash_train.stream.writer import StatusWriter
 
 POLL_S = 0.1
 KILL_WAIT_S = 15.0
@@ -78,24 +78,24 @@ def _wait_group_exited(pgid: int, seconds: float) -> bool:
 def _mark_killed(run_dir: RunDir, run_id: str, waited: float) -> bool:
     """A killed trainer wrote no run_end: write one for it, now that its lock is free and
     nothing else writes the stream, so the run reads as stopped rather than crashed."""
-    last = last_record(run_dir.status)
-    if last is None or last.run != run_id or last.kind == "run_end":
-        # This start wrote nothing (a new stream would rotate the old one away) or the
-        # stream already ends its run.
-        return False
-    writer = StatusWriter(run_dir.status, run_id)
+    fields = {
+        "reason": "signal",
+        "exit_code": KILLED_EXIT_CODE,
+        "stopped_by": "kill",
+        "message": f"killed by dflash-train stop: no exit {waited:g} s after SIGTERM",
+        **({"restarting": True} if lock_is_held(run_dir.restart_lock) else {}),
+    }
     try:
-        writer.write(
+        # Not if this start wrote nothing (a new stream would rotate the old one away) or
+        # the stream already ends its run.
+        return append_line(
+            run_dir,
             "run_end",
-            reason="signal",
-            exit_code=KILLED_EXIT_CODE,
-            stopped_by="kill",
-            message=f"killed by dflash-train stop: no exit {waited:g} s after SIGTERM",
-            **({"restarting": True} if lock_is_held(run_dir.restart_lock) else {}),
+            fields,
+            onto=lambda last: last.run == run_id and last.kind != "run_end",
         )
-    finally:
-        writer.close()
-    return True
+    except LockHeld:  # a new trainer already holds the run: its stream is its own
+        return False
 
 
 def stop_run(run_dir: RunDir, *, timeout_s: float) -> protocol.Reply:
