@@ -1,16 +1,20 @@
 """Exact resume: a run stopped by a real SIGTERM and resumed from its checkpoint produces
 the same per-step losses as an unbroken run. The unbroken run uses the sync pipeline and the
 broken one the async pipeline (one worker, depth 1), so this also pins that both pipelines
-feed the drafter the same batches."""
+feed the drafter the same batches. The broken run also evaluates on held-out prompts every 3
+steps and is stopped after its first evaluation: an evaluation must leave the training (its
+batches, its anchors, its weights) as if it had not run, before and across the resume."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
 import subprocess
 from pathlib import Path
 
+import datasets
 from train_process import losses_by_step, run_train, start_train, status_lines, train_argv, wait_for
 
 # A randomly initialised tiny target (seeded, so identical in every process) keeps the three
@@ -42,6 +46,21 @@ def test_sigterm_then_resume_matches_an_unbroken_run(
             whole.kill()
 
 
+def _heldout_file(data: Path, tmp_path: Path) -> Path:
+    """A held-out file of two prompts with answers (rows of the data: what matters here is
+    that the evaluation's teacher-forced pass runs)."""
+    table = datasets.load_from_disk(str(data))
+    records = [
+        {"prompt": f"Held-out prompt {i}.", "input_ids": ids, "loss_mask": mask}
+        for i, (ids, mask) in enumerate(
+            zip(table["input_ids"][:2], table["loss_mask"][:2], strict=True)
+        )
+    ]
+    path = tmp_path / "heldout.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
 def _interrupt_and_resume(
     tmp_path: Path,
     prepared_data_dir: Path,
@@ -58,10 +77,15 @@ def _interrupt_and_resume(
         "--hs-min-ready", "1",
         "--save-every", "0",
         "--run-id", "resumed",
+        # 1 prompt x 4 tokens, and the teacher-forced pass over 2 answers, which draws
+        # anchors too (training's come from a generator seeded per batch; the check is
+        # that nothing of the evaluation reaches the losses, before or across the resume).
+        "--eval-every", "3", "--eval-data", str(_heldout_file(prepared_data_dir, tmp_path)),
+        "--eval-prompts", "1", "--eval-tokens", "4",
     )  # fmt: skip
     proc = start_train(_argv(prepared_data_dir, run_dir, *async_one), log)
     try:
-        wait_for(run_dir, lambda line: line.kind == "step" and line["step"] >= 3, proc, log)
+        wait_for(run_dir, lambda line: line.kind == "event" and line["code"] == "eval", proc, log)
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
     finally:
@@ -90,3 +114,6 @@ def _interrupt_and_resume(
     for step in range(1, STEPS + 1):
         assert math.isclose(got[step], expected[step], rel_tol=1e-6), (step, got, expected)
     assert second[-1]["reason"] == "completed"
+    evals = [ln for ln in lines if ln.kind == "event" and ln["code"] == "eval"]
+    assert [e["step"] for e in evals][:: len(evals) - 1] == [3, STEPS], evals
+    assert all(e["tau_tf"] is not None for e in evals), "the teacher-forced pass ran"
