@@ -7,7 +7,14 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from dflash_train import DISTRIBUTION, __version__
+from dflash_train import DISTRIBUTION, __version__, protocol
+
+# What the [train] extra brings, by import name: a command that needs one of them says which
+# extra to install (pyproject.toml's optional-dependencies).
+TRAIN_EXTRA_MODULES = frozenset(
+    {"torch", "transformers", "accelerate", "datasets", "numpy", "safetensors", "pynvml"}
+    | {"wandb", "tqdm", "matplotlib", "pyarrow", "gguf"}
+)
 
 # name -> (module under dflash_train.commands, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -57,8 +64,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     only = words[0] if words and words[0] in SUBCOMMANDS else None
     if words == ["--version"]:
         only = ""  # no command module to import for the version
-    args = build_parser(only).parse_args(words)
-    return int(args._module.run(args) or 0)
+    try:
+        args = build_parser(only).parse_args(words)
+        return int(args._module.run(args) or 0)
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top not in TRAIN_EXTRA_MODULES:
+            raise
+        # Installed without the [train] extra (a console's laptop, say): one reply that
+        # says what to install, not a traceback from deep inside an import.
+        command = words[0] if words and words[0] in SUBCOMMANDS else "dflash-train"
+        why = (
+            f"{exc.name} is not installed: dflash-train {command} needs the [train] extra "
+            f"(pip install '{DISTRIBUTION}[train]')"
+        )
+        from dflash_train.control.reply_text import with_message
+
+        reply = protocol.reply_error(command, "missing_dependency", why)
+        print(with_message(reply).to_json(), flush=True)
+        return 2
 
 
 if __name__ == "__main__":
