@@ -47,7 +47,7 @@ def test_wheel_contains_packages_themes_and_scripts(wheel: Path) -> None:
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "dflash-train = dflash_train.cli:main" in text
-    assert "dflash-tui = dflash_tui.cli:main" in text
+    assert "dflash-tui = dflash_tui.entry:main" in text  # --version before any extra
 
 
 def _metadata(wheel: Path) -> email.message.Message:
