@@ -182,10 +182,10 @@ class FleetRow:
                 return state.end_state(now)
             if state.crashed_by_status:
                 return "crashed"  # the box's tail saw the trainer go without a run_end
-        if self.started_after_status:
-            # Seen in tmux: a fleet row read RESTARTING 13 s past the new trainer's first
-            # steps, until its next status. What the status said is older than this start.
-            return self._running_or_stalled(now)
+            if self.started_after_status:
+                # Seen in tmux: a fleet row read RESTARTING 13 s past the new trainer's
+                # first steps, until its next status, which is older than this start.
+                return self._running_or_stalled(now)
         if status is None:
             if self.no_trainer:
                 return "no_trainer"
