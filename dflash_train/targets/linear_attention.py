@@ -50,8 +50,24 @@ def _linear_attention_module(model: nn.Module) -> ModuleType | None:
     return None
 
 
+def _kernel_function(function: Callable[..., Any]) -> Callable[..., Any]:
+    """The function behind a module global. With the `kernels` package installed (transformers
+    5.25 requires it), each kernel function listed in `use_kernelized_func` is an instance of a
+    one-off `nn.Module` whose forward calls transformers' wrapper from its closure, so that
+    `kernelize` can swap it; without it, the global is the wrapper itself."""
+    forward = getattr(type(function), "forward", None)
+    if forward is None or not inspect.isfunction(forward):
+        return function
+    try:
+        inner = inspect.getclosurevars(forward).nonlocals.get("func")
+    except (TypeError, ValueError):
+        return function
+    return inner if callable(inner) else function
+
+
 def _implementation(function: Callable[..., Any]) -> str:
     """The package a transformers kernel wrapper dispatches to, or TORCH for its reference."""
+    function = _kernel_function(function)
     if getattr(function, "_dflash_fast_conv1d", False):
         return FLA_TRITON
     try:
@@ -142,7 +158,7 @@ def use_fast_conv1d(model: nn.Module) -> bool:
     current = getattr(module, name, None)
     if current is None or _implementation(current) != TORCH:
         return False
-    setattr(module, name, _fla_conv1d(current))
+    setattr(module, name, _fla_conv1d(_kernel_function(current)))
     return True
 
 
@@ -153,7 +169,7 @@ def use_reference_kernels(model: nn.Module) -> None:
     if module is None:
         return
     for name, _ in PARTS.values():
-        function = getattr(module, name)
+        function = _kernel_function(getattr(module, name))
         reference = getattr(function, "reference", None) or getattr(function, "__wrapped__", None)
         if reference is not None:
             setattr(module, name, _keyword_filter(reference))

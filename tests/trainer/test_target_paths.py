@@ -40,6 +40,11 @@ def test_a_hybrid_on_the_cpu_reports_the_reference_for_both_parts(
     assert la.fallback_warning(la.layer_paths(tiny_target)) is None
     # No fla here: the conv stays on transformers' reference, whatever the device.
     assert not la.fla_available() and not la.use_fast_conv1d(hybrid.model)
+    # The device-blind reading (what a CUDA run reports) reaches transformers' wrapper, also
+    # through the nn.Module that the `kernels` package makes of each function.
+    module = la._linear_attention_module(hybrid.model)
+    for name, _ in la.PARTS.values():
+        assert la._implementation(getattr(module, name)) == la.TORCH, name
 
 
 def test_the_reference_kernels_compute_what_transformers_shipped(hybrid: targets.Target) -> None:
