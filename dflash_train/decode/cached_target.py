@@ -50,6 +50,11 @@ class KVCache:
     def capacity(self) -> int:
         return int(self.keys.shape[3])
 
+    def row(self, index: int) -> KVCache:
+        """Row `index` alone, as views: a forward on it writes into this cache."""
+        part = slice(index, index + 1)
+        return KVCache(self.keys[:, part], self.values[:, part], self.key_valid[part])
+
     def keep_rows(self, rows: torch.Tensor) -> KVCache:
         """A cache of only `rows` (index tensor): finished sequences stop costing attention."""
         return KVCache(
@@ -202,8 +207,9 @@ def static_forward(
     layer_ids: Sequence[int] = (),
     limit: int | None = None,
 ) -> StepOutput:
-    """CachedTarget.forward with every shape fixed, for CUDA-graph capture: `start` and
-    `pad` [B] are device tensors, the write goes through index_copy_, and attention covers
+    """CachedTarget.forward with every shape fixed, for CUDA-graph capture: `start` (one
+    column for every row, 0-dim, or one per row, [B]) and `pad` [B] are device tensors, the
+    write goes through scatter_ (each row at its own columns), and attention covers
     the first `limit` cache columns (all of them by default; every query must sit before
     it) with the columns after each query (and each row's padding) masked. The GQA
     attention multiplies each key/value head with its group of query heads directly, so
@@ -213,16 +219,17 @@ def static_forward(
     device = input_ids.device
     heads, kv_heads, dim = runner.num_heads, runner.num_kv_heads, runner.head_dim
     group = heads // kv_heads
-    columns = start + torch.arange(n, device=device)
-    positions = (columns[None, :] - pad[:, None]).clamp_min(0)
+    columns = (start.view(-1, 1) + torch.arange(n, device=device)).expand(batch, n)  # [B, n]
+    positions = (columns - pad[:, None]).clamp_min(0)
     hidden = target.embed_tokens(input_ids)
     cos, sin = target.backbone.rotary_emb(hidden, positions)
     cos, sin = cos[:, None], sin[:, None]
     seen = cache.capacity if limit is None else limit
     keys_seen = torch.arange(seen, device=device)
     valid = cache.key_valid[:, None, :seen]
-    visible = valid & (keys_seen[None, None, :] <= columns[None, :, None])
-    visible = visible | (keys_seen[None, None, :] == columns[None, :, None])  # [B, n, C]
+    visible = valid & (keys_seen[None, None, :] <= columns[:, :, None])
+    visible = visible | (keys_seen[None, None, :] == columns[:, :, None])  # [B, n, C]
+    write_at = columns[:, None, :, None].expand(batch, kv_heads, n, dim)
     hidden_mask = ~visible[:, None, None].expand(batch, 1, group, n, seen)
     hidden_mask = hidden_mask.reshape(batch, 1, group * n, seen)
     captured: dict[int, torch.Tensor] = {}
@@ -238,8 +245,8 @@ def static_forward(
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        cache.keys[index].index_copy_(2, columns, k)
-        cache.values[index].index_copy_(2, columns, v)
+        cache.keys[index].scatter_(2, write_at, k)
+        cache.values[index].scatter_(2, write_at, v)
         # [B, kv, group*n, d] x [B, kv, d, C]: query head h uses kv head h // group.
         grouped = q.reshape(batch, kv_heads, group * n, dim)
         keys, values = cache.keys[index, :, :, :seen], cache.values[index, :, :, :seen]

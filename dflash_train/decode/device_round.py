@@ -31,12 +31,15 @@ class _DeviceStep(ABC):
     """Fixed-shape work over `cache` whose inputs live in device buffers it rewrites itself;
     capture() makes it one CUDA graph, replay() runs it, captured or not."""
 
-    def __init__(self, runner: CachedTarget, cache: KVCache, width: int) -> None:
+    def __init__(self, runner: CachedTarget, cache: KVCache, width: int, rows: int = 0) -> None:
+        """`rows` > 0: that many rows, each at its own `start` [rows]; 0: one row, `start`
+        0-dim."""
         self.runner, self.cache = runner, cache
         device = runner.device
-        self.ids = torch.zeros(1, width, dtype=torch.long, device=device)
-        self.start = torch.zeros((), dtype=torch.long, device=device)  # column of ids[0, 0]
-        self.pad = torch.zeros(1, dtype=torch.long, device=device)
+        self.ids = torch.zeros(max(rows, 1), width, dtype=torch.long, device=device)
+        # The column of each row's ids[:, 0].
+        self.start = torch.zeros((rows,) if rows else (), dtype=torch.long, device=device)
+        self.pad = torch.zeros(max(rows, 1), dtype=torch.long, device=device)
         # Warm-up runs before the capture execute: at the last columns a step may write,
         # which any real query reaches only after rewriting them.
         self._warm_start = cache.capacity - width
@@ -93,10 +96,13 @@ class DeviceGreedy(_DeviceStep):
 
 
 class DeviceRound(_DeviceStep):
-    """One draft-verify round a replay. `ids` [1, size] holds the anchor and its drafts at
-    `start`; afterwards `result` [size + 1] holds the target's argmax at each block position
-    (the first `accepted` equal the drafts, the next is the bonus token) and, last, the
-    accepted count, while `ids` and `start` hold the next round's block."""
+    """One draft-verify round a replay, for every row of `cache` at once (each row a
+    sequence at its own column). `ids` [B, size] holds each row's anchor and its drafts at
+    `start` [B]; afterwards `result` [B, size + 1] holds the target's argmax at each block
+    position (the first `accepted` equal the drafts, the next is the bonus token) and, last,
+    the accepted count, while `ids` and `start` hold the next round's blocks. A row whose
+    `live` is False (finished, or no prompt) waits at column 0: its round is computed and
+    ignored, so a finished row never runs past the cache while the others go on."""
 
     def __init__(
         self,
@@ -105,34 +111,45 @@ class DeviceRound(_DeviceStep):
         layer_ids: Sequence[int],
         drafter: CachedDrafter,
     ) -> None:
-        size = drafter.block_size
-        super().__init__(runner, cache, size)
+        size, rows = drafter.block_size, int(cache.keys.shape[1])
+        if drafter.cache.batch != rows:
+            raise ValueError(f"drafter cache: {drafter.cache.batch} rows, the target's {rows}")
+        super().__init__(runner, cache, size, rows)
         self.layer_ids, self.drafter = tuple(layer_ids), drafter
-        self.result = torch.zeros(size + 1, dtype=torch.long, device=runner.device)
+        device = runner.device
+        self.result = torch.zeros(rows, size + 1, dtype=torch.long, device=device)
+        self.live = torch.ones(rows, dtype=torch.bool, device=device)
 
-    def begin(self, features: torch.Tensor, anchor: torch.Tensor, start: int) -> None:
-        """The prompt's features [start, k*H] and its first anchor (at `start`) set up the
-        first round."""
-        drafts = self.drafter.begin(features, anchor)
-        self.ids[0, :1].copy_(anchor)
-        self.ids[0, 1:].copy_(drafts)
-        self.start.fill_(start)
+    def begin(self, features: torch.Tensor, anchors: torch.Tensor, starts: Sequence[int]) -> None:
+        """Each row's prompt features [B, P, k*H] (positions 0..; a shorter prompt's padding
+        stays masked until its own features overwrite it) and its first anchor [B] (at
+        starts[row], the prompt's length) set up the first round; every row is live."""
+        at = torch.tensor(list(starts), dtype=torch.long, device=self.runner.device)
+        self.drafter.cache.extend(features, 0)
+        drafts = self.drafter.cache.draft(anchors, at)
+        self.ids[:, :1].copy_(anchors.view(-1, 1))
+        self.ids[:, 1:].copy_(drafts)
+        self.start.copy_(at)
+        self.live.fill_(True)
 
     def _run(self) -> None:
+        # A finished row's last round may have taken it up to a block past its length
+        # limit: it waits at column 0 instead, where its writes stay inside the cache.
+        self.start.masked_fill_(~self.live, 0)
         out = static_forward(
             self.runner, self.cache, self.ids, self.start, self.pad, self.layer_ids
         )
         assert out.context is not None
-        posterior = out.logits[0].argmax(dim=-1)  # posterior[i]: the token at start+i+1
-        drafts = self.ids[0, 1:]
-        accepted = (drafts == posterior[:-1]).long().cumprod(dim=0).sum()
-        bonus = posterior.gather(0, accepted.view(1))
-        anchor_pos = self.start + accepted + 1
+        posterior = out.logits.argmax(dim=-1)  # posterior[:, i]: the token at start+i+1
+        drafts = self.ids[:, 1:]
+        accepted = (drafts == posterior[:, :-1]).long().cumprod(dim=1).sum(dim=1)  # [B]
+        bonus = posterior.gather(1, accepted[:, None])[:, 0]
+        anchor_pos = self.start + torch.where(self.live, accepted + 1, 0)
         # The verify's features join the drafter's cache (those past the accepted drafts
         # stay masked and are overwritten next round); the bonus token is the next anchor.
-        following = self.drafter.cache.round(out.context[0], self.start, bonus, anchor_pos)
-        self.result[:-1].copy_(posterior)
-        self.result[-1:].copy_(accepted.view(1))
-        self.ids[0, :1].copy_(bonus)
-        self.ids[0, 1:].copy_(following)
+        following = self.drafter.cache.round(out.context, self.start, bonus, anchor_pos)
+        self.result[:, :-1].copy_(posterior)
+        self.result[:, -1].copy_(accepted)
+        self.ids[:, 0].copy_(bonus)
+        self.ids[:, 1:].copy_(following)
         self.start.copy_(anchor_pos)

@@ -1,7 +1,9 @@
 """The figures of one held-out evaluation, computed the same way in the run and by
 `dflash-train eval --run-dir`: real speculative decoding on the first K held-out prompts
-(speculative.evaluate_prompts: greedy, lossless check) and the teacher-forced per-slot
-acceptance on the held-out answers (every anchor of every answer, no sampling)."""
+(greedy, lossless check: batched in the run, batch_decode.evaluate_batched; one at a time by
+`eval`, speculative.evaluate_prompts; the same tokens and rounds either way) and the
+teacher-forced per-slot acceptance on the held-out answers (every anchor of every answer,
+no sampling)."""
 
 from __future__ import annotations
 

@@ -67,7 +67,8 @@ def with_block_size(drafter: DFlashDrafter, block_size: int | None) -> DFlashDra
     return view
 
 
-def _cut(tokens: list[int], max_new_tokens: int, stops: set[int]) -> list[int]:
+def cut_tokens(tokens: list[int], max_new_tokens: int, stops: set[int]) -> list[int]:
+    """A decoding's tokens up to the length limit and the first stop token (kept)."""
     tokens = tokens[:max_new_tokens]
     for i, token in enumerate(tokens):
         if token in stops:
@@ -211,7 +212,7 @@ def speculative_decode(
     assert out.context is not None
     anchor = out.logits[0, -1].argmax().view(1)
     if isinstance(runner, DeviceRound):
-        runner.begin(out.context[0], anchor, len(prompt_ids))
+        runner.begin(out.context, anchor, [len(prompt_ids)])
         return _rounds_on_device(runner, int(anchor), max_new_tokens, stops, started)
     start = len(prompt_ids)  # position of the anchor (the last token produced)
     drafts = runner.begin(out.context[0], anchor)
@@ -236,7 +237,7 @@ def speculative_decode(
         drafts = runner.round(out.context[0], start, anchor, start + accepted + 1)
         start += accepted + 1
     _sync(decoder.device)
-    tokens = _cut(tokens, max_new_tokens, stops)
+    tokens = cut_tokens(tokens, max_new_tokens, stops)
     return Generation(tuple(tokens), forwards, tuple(lengths), time.perf_counter() - started)
 
 
@@ -249,14 +250,14 @@ def _rounds_on_device(
     lengths: list[int] = []
     while len(tokens) < max_new_tokens and tokens[-1] not in stops:
         rounds.replay()
-        *posterior, accepted = rounds.result.tolist()  # the acceptance read
+        *posterior, accepted = rounds.result[0].tolist()  # the acceptance read
         new = posterior[: accepted + 1]  # the accepted drafts equal the target's own tokens
         tokens.extend(new)
         lengths.append(len(new))
         if any(token in stops for token in new):
             break
     _sync(rounds.runner.device)
-    tokens = _cut(tokens, max_new_tokens, stops)
+    tokens = cut_tokens(tokens, max_new_tokens, stops)
     seconds = time.perf_counter() - started
     return Generation(tuple(tokens), 1 + len(lengths), tuple(lengths), seconds)
 

@@ -4,14 +4,17 @@ their answers, as one `eval` event (and W&B figures), and as the checkpoint's sc
 (eval.json, which `status`, `export --best` and pruning read).
 
 It runs on the training thread with target replica 0, the one already resident: no second
-target load. It holds the module lock (compile_guard.py) for its whole length, so no
-target worker runs a forward meanwhile (extract_context is not for concurrent calls on one
-replica): in the async pipeline every worker pauses producing after its current batch
-while the pool keeps what it holds; in the sync pipeline training simply waits. The
+target load. The held-out prompts are decoded together, 16 a round (batch_decode.py), by a
+batched decoder made at the first evaluation and kept (its CUDA graphs too); the plain
+greedy answers it is checked against are decoded once, at batch 1, the target being frozen.
+It holds the module lock (compile_guard.py) for its whole length, so no target worker runs a
+forward meanwhile (extract_context is not for concurrent calls on one replica): in the async
+pipeline every worker pauses producing after its current batch while the pool keeps what it
+holds; in the sync pipeline training simply waits. The
 drafter's weights are copied into a drafter on the target's device in the target's dtype
 (float32 on a CPU, so the figures equal `dflash-train eval` of the checkpoint exactly;
 bfloat16 on a GPU, stated in the event). A failure is a warning event; training goes on.
-A stop asked for while an evaluation runs ends it at the next prompt (an `eval_interrupted`
+A stop asked for while an evaluation runs ends it at the next round (an `eval_interrupted`
 event, no score), so SIGTERM is answered within stop's timeout however slow the device."""
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from dflash_train.data.heldout import HeldoutError, HeldoutSet, heldout_path, lo
 
 ALIVE_EVERY_S = 5.0
 ALIVE_LIMIT_S = 1800.0
+# Held-out prompts decoded together in one round (more are decoded in batches of this).
+EVAL_ROWS = 16
 
 
 class EvalInterrupted(Exception):
@@ -34,6 +39,7 @@ class EvalInterrupted(Exception):
 
 
 if TYPE_CHECKING:
+    from dflash_train.decode.batch_decode import BatchSpeculator
     from dflash_train.decode.speculative import Generation
     from dflash_train.model.drafter import DFlashDrafter
     from dflash_train.training.run import TrainingRun
@@ -59,6 +65,7 @@ class HeldoutEvaluator:
         self.last_step: int | None = None
         self._prompt_ids: list[list[int]] | None = None
         self._drafter: DFlashDrafter | None = None
+        self._speculator: BatchSpeculator | None = None
         # The frozen target's plain greedy decodings, made at the first evaluation only.
         self._greedy: dict[tuple[int, ...], Generation] = {}
         self.enabled = self.every != 0 and run.rank.is_main
@@ -177,8 +184,8 @@ class HeldoutEvaluator:
 
     def _measure(self) -> dict[str, Any]:
         from dflash_train.data.prepare import conversation_prompt_ids, stop_token_ids
+        from dflash_train.decode.batch_decode import evaluate_batched
         from dflash_train.decode.heldout_figures import event_fields, teacher_forced
-        from dflash_train.decode.speculative import evaluate_prompts
 
         assert self.heldout is not None
         target = self.run.targets[0]
@@ -186,19 +193,16 @@ class HeldoutEvaluator:
             chosen = self.heldout.prompts[: self.prompts]
             self._prompt_ids = [conversation_prompt_ids(target.tokenizer, c) for c in chosen]
         drafter = self._weights_now()
-        summary = evaluate_prompts(
+        summary = evaluate_batched(
+            self._speculator_for(drafter),
             target,
-            drafter,
             self._prompt_ids,
             self.tokens,
             stop_token_ids(target),
-            greedy=self._greedy,
-            # CUDA graphs on a GPU (a round is one replay, not hundreds of launches: the
-            # eager loop cost 72 s an evaluation on an H200, bench/results/eval_cost_h200_*).
+            self._greedy,
             on_prompt=lambda *_: self._unless_stopping(),
-            divergences=False,
+            between_rounds=self._unless_stopping,
         )
-        assert not isinstance(summary, list)
         max_length = self.run.config.model.max_length
         slot_acc, tau_tf = teacher_forced(
             target, drafter, self.heldout.rows, max_length, before_row=self._unless_stopping
@@ -207,6 +211,22 @@ class HeldoutEvaluator:
         fields["dtype"] = str(target.embed_tokens.weight.dtype).removeprefix("torch.")
         fields["device"] = str(target.device)
         return fields
+
+    def _speculator_for(self, drafter: DFlashDrafter) -> BatchSpeculator:
+        """The batched decoder of the held-out prompts (up to EVAL_ROWS a round), made at
+        the first evaluation and kept: its caches and CUDA graphs read the drafter's and the
+        target's weights where they are, and both are updated in place."""
+        from dflash_train.decode.batch_decode import BatchSpeculator, capacity_for
+
+        assert self._prompt_ids is not None
+        kept = self._speculator
+        if kept is None or not kept.fits(drafter, self._prompt_ids, self.tokens):
+            self._speculator = None  # the old caches go before the new ones are made
+            size = drafter.config.block_size
+            capacity = capacity_for(self._prompt_ids, self.tokens, size)
+            rows = min(len(self._prompt_ids), EVAL_ROWS)
+            self._speculator = BatchSpeculator(self.run.targets[0], drafter, rows, capacity)
+        return self._speculator
 
     def _unless_stopping(self) -> None:
         if self.run.stop.is_set():
