@@ -71,6 +71,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--drafter-layers", type=int, default=5)
     parser.add_argument("--skip-batch-one", action="store_true")
+    parser.add_argument(
+        "--tf-rows", type=int, default=0,
+        help="also time the teacher-forced pass over this many held-out rows (prompt 40-200"
+        " tokens, answer 256, as prepare's defaults make them)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -157,6 +162,21 @@ def main() -> None:
             a.tokens == b.tokens for a, b in zip(alone, batched, strict=True)
         )
         result["speedup"] = round(result["batch1"]["seconds"] / timings[-1], 2)
+    if args.tf_rows:
+        from dflash_train.decode.heldout_figures import teacher_forced
+
+        rows = []
+        for prompt in prompts * (args.tf_rows // len(prompts) + 1):
+            answer = [rng.randrange(3, 49152) for _ in range(256)]
+            rows.append((prompt + answer, [0] * len(prompt) + [1] * len(answer)))
+        rows = rows[: args.tf_rows]
+        timings = []
+        for _ in range(2):
+            began = time.perf_counter()
+            teacher_forced(target, drafter, rows, 2048)
+            _sync(device)
+            timings.append(round(time.perf_counter() - began, 3))
+        result["teacher_forced"] = {"rows": len(rows), "seconds": timings}
     if device.type == "cuda":
         result["max_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     emit()
