@@ -129,8 +129,10 @@ class PaneRefresh:
             toggles = (loss.log_scale, loss.smoothing, loss.metric, main.plot_view)
             sizes = (main.query_one(ThroughputPane).size, loss.size)
             # Steps first: frame_is_current reads it. Profile, queue and event lines feed
-            # the stage, starved and eval-tau plots; markers come with starts and saves.
-            lines = sum(seen[k] for k in ("profile", "queue", "event", "run_start", "checkpoint"))
+            # the stage, starved and eval-tau plots, prepare lines a prepare's throughput;
+            # markers come with starts and saves.
+            kinds = ("profile", "queue", "event", "run_start", "checkpoint", "prepare")
+            lines = sum(seen[k] for k in kinds)
             if self.changed("plots", (seen["step"], lines, toggles, sizes, theme)):
                 self.drew("plots")
                 draw_plots(app, main)

@@ -29,6 +29,7 @@ from dflash_tui.sources.run_history import RECENT_GPU_ROWS, RowGroup, RunHistory
 STEP_METRICS = ("loss", "acc", "tau", "ktok_s", "lr", "grad_norm")
 QUEUE_VALUES = ("hs_ready", "producer_wait", "consumer_wait", "starved")
 GPU_VALUES = ("util", "power_w", "mem_used", "temp_c")
+PREPARE_RATE = "prepare_tok_s"  # the history series of a prepare's answer tokens/s
 # Per-GPU values kept over the whole run (the heatmap's choices).
 GPU_HISTORY_VALUES = ("util", "power_w")
 CHECKPOINTS_KEPT = 2000
@@ -131,6 +132,9 @@ class RunState:
         # are its progress; "train" otherwise.
         self.mode = "train"
         self.prepare: StatusLine | None = None
+        # Answer tokens a second between its last two progress lines (the lines' own
+        # tokens_per_s is the average since generation began).
+        self.prepare_rate: float | None = None
         # The newest held-out evaluation, and each evaluated step's (the checkpoints' scores).
         self.heldout: HeldoutTau | None = None
         self.heldout_scores: dict[int, HeldoutTau] = {}
@@ -214,7 +218,10 @@ class RunState:
             self.pace.restart()  # the ETA follows this segment's pace only
 
     def _apply_prepare(self, line: StatusLine) -> None:
-        self.prepare = line
+        previous, self.prepare = self.prepare, line
+        rate = _prepare_rate(previous, line)
+        self.prepare_rate = rate
+        self.history.add(PREPARE_RATE, float(line["answer_tokens"]), rate, line.t)
 
     def _apply_step(self, line: StatusLine) -> None:
         fields = line.fields
@@ -514,3 +521,18 @@ _HANDLERS: dict[str, Callable[[RunState, StatusLine], None]] = {
     "run_end": RunState._apply_end,
     "prepare": RunState._apply_prepare,
 }
+
+
+def _prepare_rate(previous: StatusLine | None, line: StatusLine) -> float | None:
+    """Answer tokens a second since the previous progress line; the line's own average
+    for the first one, or when the count went back (a prepare started again)."""
+    average = line["tokens_per_s"]
+    if previous is None:
+        return float(average)
+    tokens = int(line["answer_tokens"]) - int(previous["answer_tokens"])
+    seconds = line.t - previous.t
+    if tokens < 0:
+        return float(average)
+    if seconds <= 0:
+        return None  # the same moment (a replayed burst): no rate of its own
+    return tokens / seconds

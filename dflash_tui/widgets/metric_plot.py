@@ -31,6 +31,7 @@ class PlotChoice:
     series: tuple[str, ...]
     smoothed: bool = False
     labels: tuple[str, ...] = ()
+    x_title: str = "step"  # what the x axis counts when it is not wall time
 
 
 PLOTS: tuple[PlotChoice, ...] = (
@@ -51,6 +52,12 @@ PLOTS: tuple[PlotChoice, ...] = (
     PlotChoice("starved", "drafter starved", ("starved",)),
 )
 PLOT_IDS = tuple(choice.id for choice in PLOTS)
+# A launched prepare's answer tokens a second (between its progress lines) against the
+# answer tokens made (every line moves it; answers done move a chunk at a time): the
+# throughput pane's plot while a run prepares (not in the `v` cycle).
+PREPARE_TOK_S = PlotChoice(
+    "prepare_tok_s", "answer tok/s", ("prepare_tok_s",), smoothed=True, x_title="answer tokens"
+)
 
 
 @dataclass(frozen=True)
@@ -68,8 +75,9 @@ class PlotView:
     def range_name(self) -> str:
         return RANGES[self.range_index][0]
 
-    def label(self) -> str:
-        return f"{self.range_name} · {'time' if self.by_time else 'steps'}"
+    def label(self, counted: str = "steps") -> str:
+        """The range and the x axis: wall time, or what the x axis counts."""
+        return f"{self.range_name} · {'time' if self.by_time else counted}"
 
 
 def smoothed(values: Sequence[float], window: int = SMOOTHING_WINDOW) -> list[float]:
@@ -183,7 +191,7 @@ def draw(
         if markers:  # each line costs plotext about as much as a series
             _draw_markers(widget, history.markers_in(since), first, last, view.by_time)
         plt.xticks(*(time_ticks(first, last) if view.by_time else step_ticks(first, last)))
-    plt.xlabel("time" if view.by_time else "step")
+    plt.xlabel("time" if view.by_time else choice.x_title)
     if log_scale:
         plt.ylabel(f"log10 {choice.title}")
     widget.refresh()

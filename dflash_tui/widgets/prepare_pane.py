@@ -28,7 +28,7 @@ def render_prepare(
     out.append(f"  samples {int(line['prompts_done']):,}/{int(line['prompts_total']):,}\n")
     fraction = done / total if total else 1.0
     out.append(units.bar(fraction, max(8, min(40, width - 4))) + "\n", style=colours["success"])
-    out.append(f"{_rate(line['tokens_per_s'])} answer tok/s", style="bold")
+    out.append(f"{units.token_rate(line['tokens_per_s'])} answer tok/s", style="bold")
     out.append(f" ({int(line['answer_tokens']):,} tokens)")
     eta = line["eta_s"]
     out.append(f"   ETA {units.duration(float(eta)) if eta is not None else '–'}")
@@ -40,13 +40,7 @@ def render_prepare(
             continue
         rows = device.get("batch_size")
         out.append(f"{device.get('device', '?'):<8}", style="dim")
-        out.append(f"{_rate(device.get('tokens_per_s')):>9} tok/s")
+        out.append(f"{units.token_rate(device.get('tokens_per_s')):>9} tok/s")
         out.append(f"  {int(device.get('answers') or 0):,} answers")
         out.append(f"  {rows if rows is not None else '–'} rows\n", style="dim")
     return out
-
-
-def _rate(value: object) -> str:
-    """Tokens a second: a decimal below 10 (a loaded CPU), whole numbers above."""
-    rate = float(value) if isinstance(value, (int, float)) else 0.0
-    return f"{rate:,.1f}" if rate < 10 else f"{rate:,.0f}"

@@ -1,5 +1,7 @@
 """The throughput pane: Ktok/s now and on average, and its whole-run history raw and
-smoothed (one step's rate jumps with its batch; the smoothed line shows the trend)."""
+smoothed (one step's rate jumps with its batch; the smoothed line shows the trend). While a
+launched prepare runs: its answer tokens/s, now (between its last two progress lines) and
+on average, against the answer tokens made."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from textual_plotext import PlotextPlot
 from dflash_tui.sources.run_history import SeriesView
 from dflash_tui.sources.state import RunState
 from dflash_tui.widgets import units
-from dflash_tui.widgets.metric_plot import PLOTS, PlotView, draw
+from dflash_tui.widgets.metric_plot import PLOTS, PREPARE_TOK_S, PlotView, draw
 
 KTOK_S = next(choice for choice in PLOTS if choice.id == "ktok_s")
 
@@ -28,13 +30,22 @@ class ThroughputPane(Vertical):
         yield PlotextPlot()
 
     def show(self, state: RunState, view: PlotView, width: int) -> None:
-        now, avg = state.latest("ktok_s"), state.average_ktok_s()
+        if state.mode == "prepare":
+            line = state.prepare
+            now = units.token_rate(state.prepare_rate) if line is not None else "–"
+            avg = units.token_rate(line["tokens_per_s"]) if line is not None else "–"
+            summary = f"answer tok/s now [b]{now}[/b]   average [b]{avg}[/b]"
+            choice, counted = PREPARE_TOK_S, "answer tokens"
+        else:
+            now_k, avg_k = state.latest("ktok_s"), state.average_ktok_s()
+            summary = (
+                f"Ktok/s now [b]{units.number(now_k)}[/b]   average [b]{units.number(avg_k)}[/b]"
+            )
+            choice, counted = KTOK_S, "steps"
         # One line whatever it says: no layout pass needed.
         self.query_one(".pane-summary", Static).update(
-            f"Ktok/s now [b]{units.number(now)}[/b]   average [b]{units.number(avg)}[/b]   "
-            f"[dim]{view.label()}[/dim]",
-            layout=False,
+            f"{summary}   [dim]{view.label(counted)}[/dim]", layout=False
         )
         # The markers are the metrics pane's: drawn twice they would double their cost.
         plot = self.query_one(PlotextPlot)
-        self.drawn = draw(plot, state.history, KTOK_S, view, width=width, markers=False)
+        self.drawn = draw(plot, state.history, choice, view, width=width, markers=False)

@@ -31,6 +31,12 @@ def number(value: float | None, digits: int = 3) -> str:
     return f"{value:.{digits}g}"
 
 
+def token_rate(value: object) -> str:
+    """Tokens a second: a decimal below 10 (a loaded CPU), whole numbers above."""
+    rate = float(value) if isinstance(value, (int, float)) else 0.0
+    return f"{rate:,.1f}" if rate < 10 else f"{rate:,.0f}"
+
+
 def percent(fraction: float | None) -> str:
     if fraction is None or not math.isfinite(fraction):
         return "–"

@@ -1,6 +1,7 @@
 """A launched prepare (`dflash-train launch RUN --prepare -- ...`, the real SmolLM2 target on the
 CPU) streams `prepare` progress lines under the control plane, and the console shows the run
-as PREPARING with the prepare's progress in the queue pane's place, then FINISHED."""
+as PREPARING with the prepare's progress in the queue pane's place and its answer tokens/s
+in the throughput pane, then FINISHED."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from dflash_train import protocol
 from dflash_tui.pane_refresh import header_facts
 from dflash_tui.widgets.header import RunHeader
 from dflash_tui.widgets.hs_queue import HsQueuePane
+from dflash_tui.widgets.throughput_plot import ThroughputPane
 from tests.tui.console_harness import console_app, wait_until
 
 PREPARE = ["--target-model", "smollm2", "--prompts", "builtin", "--samples", "3"]
@@ -58,6 +60,18 @@ async def test_a_launched_prepare_streams_progress_and_reads_preparing(tmp_path:
             # The pane redraws on the app's timer, maybe after the header: wait for it.
             assert app.state.prepare["answers_done"] == 3
             await wait_until(pilot, lambda: "answers 3/3" in str(pane.render()))
+            # The throughput pane plots the answer tokens/s against the answer tokens made.
+            throughput = app.screen.query_one(ThroughputPane)
+
+            def plotted() -> bool:
+                series = throughput.drawn.get("prepare_tok_s")
+                made = app.state.prepare["answer_tokens"]
+                return series is not None and series.last_x == made
+
+            await wait_until(pilot, plotted)
+            summary = str(throughput.query_one(".pane-summary").render())
+            assert "answer tok/s now" in summary and "answer tokens" in summary, summary
+            assert all(y >= 0 for y in throughput.drawn["prepare_tok_s"].means)
     finally:
         _dflash("stop", str(run_dir), "--timeout", "30")
     lines = [json.loads(x) for x in (run_dir / "status.jsonl").read_text().splitlines()]

@@ -268,3 +268,29 @@ def test_applies_200k_history_lines_within_bounds() -> None:
         state.apply(decoded)
     assert state.step == 200_000 and state.lines_applied == 200_001
     assert len(state.series("loss", 120)) <= 120
+
+
+def _progress(seq: int, t: float, done: int, tokens: int, average: float) -> StatusLine:
+    return line(
+        "prepare", seq, t=t, prompts_done=done, prompts_total=100, answers_done=done,
+        answers_total=100, answer_tokens=tokens, tokens_per_s=average, truncated=0,
+        eta_s=None, devices=[],
+    )  # fmt: skip
+
+
+def test_a_prepares_rate_now_is_between_its_last_two_lines() -> None:
+    """The lines' tokens_per_s is the average since generation began; the throughput pane's
+    'now' and its plot are the rate between consecutive lines, against answer tokens."""
+    state = RunState()
+    state.apply(run_start(mode="prepare"))
+    state.apply(_progress(1, 1000.0, 10, 4_000, 400.0))
+    assert state.prepare_rate == 400.0  # the first line: its own average
+    state.apply(_progress(2, 1010.0, 30, 10_000, 500.0))
+    assert state.prepare_rate == 600.0  # 6,000 tokens in 10 s
+    state.apply(_progress(3, 1010.0, 30, 10_000, 500.0))
+    assert state.prepare_rate is None  # the same moment again: no rate of its own
+    view = state.history.view("prepare_tok_s", None, 80)
+    assert (view.xs, view.highs) == ([4_000, 10_000], [400.0, 600.0])
+    # The count went back (the prepare started again): its own average, not a negative rate.
+    state.apply(_progress(4, 1020.0, 35, 2_000, 250.0))
+    assert state.prepare_rate == 250.0
