@@ -40,30 +40,37 @@ def teacher_forced(
 
     view = with_block_size(drafter, None)  # dense-mask attention: any row length, no compile
     size = drafter.config.block_size
-    correct = torch.zeros(size - 1, dtype=torch.float64)
-    total = torch.zeros(size - 1, dtype=torch.float64)
     device = target.device
+    # Summed where they are made, read once at the end: a read per row made the host wait
+    # for the device every row, where it can queue the next row's kernels instead.
+    correct = torch.zeros(size - 1, dtype=torch.float64, device=device)
+    total = torch.zeros(size - 1, dtype=torch.float64, device=device)
     for ids, mask in rows:
         if before_row is not None:
             before_row()
         ids, mask = list(ids)[:max_length], list(mask)[:max_length]
-        if len(ids) < size:
+        if not _has_anchor(mask, size):
             continue
         seq = torch.tensor([ids], device=device)
         loss_mask = torch.tensor([mask], device=device)
         context = extract_context(target, seq, None, list(drafter.config.target_layer_ids))
         anchors, valid = sample_anchors(loss_mask, len(ids), size)
-        if not bool(valid.any()):
-            continue
         out = dflash_forward_loss(
             view, target.embed_tokens, target.lm_head, context, seq, loss_mask, anchors, valid
         )
-        correct += out.slot_correct.double().cpu()
-        total += out.slot_total.double().cpu()
+        correct += out.slot_correct.double()
+        total += out.slot_total.double()
+    correct, total = correct.cpu(), total.cpu()
     if not float(total.sum()):
         return [], None
     acc = (correct / total.clamp_min(1)).tolist()
     return acc, tau_from_slot_acc(acc)
+
+
+def _has_anchor(mask: Sequence[int], size: int) -> bool:
+    """Whether a row of this loss mask has an anchor (sample_anchors' rule, on the host):
+    a position t with mask[t] and mask[t + 1] set whose block t..t+size-1 fits in the row."""
+    return any(mask[t] and mask[t + 1] for t in range(len(mask) - size + 1))
 
 
 def event_fields(
