@@ -323,3 +323,27 @@ def test_distillation_mixes_the_targets_distribution_at_the_labels_position(
         tiny_drafter(), embed, head, context, input_ids, loss_mask, anchors, valid, teacher, 0.0
     )
     assert torch.equal(off.loss, plain.loss)  # distill 0: the teacher is not read
+
+
+def test_the_held_out_passes_host_anchor_rule_is_sample_anchors() -> None:
+    """heldout_figures decides on the host whether a row has an anchor (no device read a
+    row); it must agree with sample_anchors on every kind of mask: short rows, answers too
+    short for a block, masks ending at the row's end."""
+    from dflash_train.decode.heldout_figures import _has_anchor
+
+    generator = torch.Generator().manual_seed(3)
+    masks = [[], [1], [1, 1], [0] * 5 + [1] * 3, [1, 0] * 6]
+    for _ in range(200):
+        length = int(torch.randint(1, 24, (1,), generator=generator))
+        masks.append(torch.randint(0, 2, (length,), generator=generator).tolist())
+    seen = set()
+    for mask in masks:
+        for size in (2, 4, 8):
+            want = (
+                bool(sample_anchors(torch.tensor([mask]), len(mask), size)[1].any())
+                if mask
+                else False
+            )
+            assert _has_anchor(mask, size) == want, (mask, size)
+            seen.add(want)
+    assert seen == {True, False}
