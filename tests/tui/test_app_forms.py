@@ -87,10 +87,17 @@ async def test_launch_form_refuses_each_bad_field_and_sends_nothing(tmp_path: Pa
             field.value = good
             await pilot.pause()
             assert not error.has_class("shown"), f"{name}: message stayed after fixing"
-        assert transport.commands == sent_before
+        # Nothing from the form. The app's own `status` query of a quiet run (the
+        # trainer-gone check, on its timer) may come meanwhile on a slow machine, as it
+        # did in a clean-clone CI: it is not the form's.
+        assert _not_status(transport.commands) == _not_status(sent_before)
         await pilot.press("escape")
         assert not isinstance(app.screen, LaunchForm)
-        assert transport.commands == sent_before
+        assert _not_status(transport.commands) == _not_status(sent_before)
+
+
+def _not_status(commands: list[list[str]]) -> list[list[str]]:
+    return [argv for argv in commands if argv[3:4] != ["status"]]
 
 
 async def test_launch_form_comes_back_as_it_was_left(tmp_path: Path) -> None:
