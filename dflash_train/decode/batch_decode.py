@@ -27,6 +27,7 @@ from dflash_train.decode.speculative import (
     Decoder,
     EvalSummary,
     Generation,
+    capacity_for,
     cut_tokens,
     greedy_decode,
     summarize,
@@ -34,11 +35,6 @@ from dflash_train.decode.speculative import (
 )
 from dflash_train.model.drafter import DFlashDrafter
 from dflash_train.targets.frozen_target import Target
-
-
-def capacity_for(prompts: Sequence[Sequence[int]], max_new_tokens: int, block_size: int) -> int:
-    """Cache columns a row needs: its prompt, its answer, one block past it and the anchor."""
-    return max(len(p) for p in prompts) + max_new_tokens + block_size + 1
 
 
 class BatchSpeculator:

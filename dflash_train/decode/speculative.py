@@ -67,6 +67,12 @@ def with_block_size(drafter: DFlashDrafter, block_size: int | None) -> DFlashDra
     return view
 
 
+def capacity_for(prompts: Sequence[Sequence[int]], max_new_tokens: int, block_size: int) -> int:
+    """Cache columns a decoding needs: the longest prompt, its answer, one block past it
+    (0 for greedy) and the anchor."""
+    return max(len(p) for p in prompts) + max_new_tokens + block_size + 1
+
+
 def cut_tokens(tokens: list[int], max_new_tokens: int, stops: set[int]) -> list[int]:
     """A decoding's tokens up to the length limit and the first stop token (kept)."""
     tokens = tokens[:max_new_tokens]
@@ -265,15 +271,14 @@ def _rounds_on_device(
 def _decoder_for(
     target: Target, drafter: DFlashDrafter, prompt_len: int, max_new_tokens: int
 ) -> Decoder:
-    size = drafter.config.block_size
-    capacity = prompt_len + max_new_tokens + size + 1
+    capacity = capacity_for([range(prompt_len)], max_new_tokens, drafter.config.block_size)
     return Decoder(target, capacity, drafter.config.target_layer_ids)
 
 
 def greedy_generate(
     target: Target, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int]
 ) -> Generation:
-    decoder = Decoder(target, len(prompt_ids) + max_new_tokens + 1, ())
+    decoder = Decoder(target, capacity_for([prompt_ids], max_new_tokens, 0), ())
     return greedy_decode(decoder, prompt_ids, max_new_tokens, stop_ids)
 
 
@@ -419,8 +424,7 @@ def evaluate_prompts(
     where it diverged (what `eval` reports; the in-run evaluation, which reports only
     whether it was lossless, leaves them out: up to another greedy decoding a prompt)."""
     sizes = list(block_sizes) if block_sizes else [drafter.config.block_size]
-    longest = max(len(p) for p in prompt_token_ids)
-    capacity = longest + max_new_tokens + max(sizes) + 1
+    capacity = capacity_for(prompt_token_ids, max_new_tokens, max(sizes))
     decoder = Decoder(
         target, capacity, drafter.config.target_layer_ids, graphs=graphs, static=static
     )
