@@ -175,6 +175,18 @@ def _write_failure(root: Path, tmp: Path, step: int, exc: Exception) -> str:
     return f"checkpoint at step {step} not written: {reason}; {kept}"
 
 
+def _make_folder(root: Path, within: Path | None) -> None:
+    if within is None:
+        root.mkdir(parents=True, exist_ok=True)
+        return
+    if not within.is_dir():
+        raise FileNotFoundError(f"run dir {within} is gone; checkpoint not written")
+    folder = within
+    for part in root.relative_to(within).parts:
+        folder = folder / part
+        folder.mkdir(exist_ok=True)  # never parents: `within` itself is not recreated
+
+
 def save_checkpoint(
     root: Path,
     *,
@@ -184,14 +196,17 @@ def save_checkpoint(
     state: TrainState,
     rng: dict[str, Any],
     keep: int,
+    within: Path | None = None,
 ) -> Path:
     """Write checkpoint `state.step` into `root` (the run's own folder) and prune that
-    folder to the newest `keep`. Returns its path."""
+    folder to the newest `keep`. Returns its path. With `within` (the run dir), the
+    folders below it are made but it never is: a run dir deleted under a live trainer
+    gives FileNotFoundError instead of a stray directory of one checkpoint."""
     import torch
 
     from dflash_train.model.drafter import save_drafter
 
-    root.mkdir(parents=True, exist_ok=True)
+    _make_folder(root, within)
     final = root / step_dir_name(state.step)
     tmp = root / f".tmp-{step_dir_name(state.step)}"
     if tmp.exists():  # left by a process killed mid-save

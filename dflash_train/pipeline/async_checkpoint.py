@@ -38,6 +38,7 @@ class _Job:
     optimizer: dict[str, Any]
     scheduler: dict[str, Any]
     started: float
+    within: Path | None
 
 
 class AsyncCheckpointer:
@@ -90,7 +91,12 @@ class AsyncCheckpointer:
 
     # -- main thread --------------------------------------------------------------------
     def save(
-        self, root: Path, state: checkpoints.TrainState, rng: dict[str, Any], keep: int
+        self,
+        root: Path,
+        state: checkpoints.TrainState,
+        rng: dict[str, Any],
+        keep: int,
+        within: Path | None = None,
     ) -> float:
         """Capture now, write in the background. Returns the seconds training waited
         (a previous write still running, plus the copies). Raises a failed earlier write."""
@@ -100,7 +106,7 @@ class AsyncCheckpointer:
 
         with GUARD.held():  # reads the live modules: not beside another thread's compile
             optimizer, scheduler = self._capture()
-        job = _Job(root, state, rng, keep, optimizer, scheduler, start)
+        job = _Job(root, state, rng, keep, optimizer, scheduler, start, within)
         self._thread = threading.Thread(
             target=self._write, args=(job,), name="checkpoint-writer", daemon=True
         )
@@ -167,6 +173,7 @@ class AsyncCheckpointer:
                 state=job.state,
                 rng=job.rng,
                 keep=job.keep,
+                within=job.within,
             )
         except BaseException as exc:
             self._error = exc

@@ -178,6 +178,17 @@ class MonitorThread(threading.Thread):
             with self._cond:
                 self._items.popleft()
 
+    def check_run_dir(self) -> str | None:
+        """Why the run dir is no longer this run's (then the run is told, once), or None.
+        Periodic, and right before a checkpoint: an epoch's end may come between the
+        deletion and the next periodic look."""
+        watch = self.run_dir_watch
+        if watch is not None and self.orphaned is None:
+            self.orphaned = watch.gone()
+            if self.orphaned is not None:
+                self.on_orphaned(self.orphaned)
+        return self.orphaned
+
     def _due_now(self, name: str, every: float, now: float) -> bool:
         if now >= self._due.get(name, 0.0):
             self._due[name] = now + every
@@ -187,15 +198,8 @@ class MonitorThread(threading.Thread):
     def _periodic(self) -> None:
         now = time.monotonic()
         iv = self.intervals
-        watch = self.run_dir_watch
-        if (
-            watch is not None
-            and self.orphaned is None
-            and self._due_now("run_dir", iv.run_dir, now)
-        ):
-            self.orphaned = watch.gone()
-            if self.orphaned is not None:
-                self.on_orphaned(self.orphaned)
+        if self.orphaned is None and self._due_now("run_dir", iv.run_dir, now):
+            self.check_run_dir()
         if self.orphaned is not None:
             return
         if self.control is not None and self._due_now("control", iv.control, now):

@@ -122,6 +122,9 @@ def _run_and_report(
         print("\n".join(tail), file=sys.stderr)
         if run is not None:
             run.shutdown()
+        if stop.reason == ORPHANED:  # e.g. the checkpoint in flight lost its folder
+            print(f"exiting: {stop.message}; no run_end written", file=sys.stderr)
+            return EXIT_ORPHANED
         if writer is not None:
             writer.write(
                 "run_end",

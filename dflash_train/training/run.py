@@ -465,6 +465,8 @@ class TrainingRun:
             consumed = self.group.union(consumed)
         if not self.rank.is_main or self.last_saved_step == self.progress.step:
             return
+        if self.monitor is not None and self.monitor.check_run_dir() is not None:
+            return  # an orphan writes nothing: the run stops at its next step
         state = checkpoints.TrainState(
             step=self.progress.step,
             epoch=self.progress.epoch,
@@ -484,6 +486,7 @@ class TrainingRun:
             state,
             checkpoints.capture_rng([self.device, *self.target_devices]),
             self.config.run.keep_checkpoints,
+            within=self.run_dir.root,
         )
         self.last_saved_step = self.progress.step
 
@@ -498,8 +501,9 @@ class TrainingRun:
                     )  # fmt: skip
 
             def failed(state: Any, exc: BaseException) -> None:
-                # Said as an event before the run ends with the error (the run_end follows).
-                if self.monitor is not None:
+                # Said as an event before the run ends with the error (the run_end follows),
+                # unless the run dir went meanwhile: then the run ends an orphan, silently.
+                if self.monitor is not None and self.monitor.check_run_dir() is None:
                     self.monitor.emit(
                         "event", level="error", code="checkpoint_failed", message=str(exc),
                         step=state.step,

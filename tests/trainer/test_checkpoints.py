@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -37,7 +38,7 @@ def _tiny_drafter() -> DFlashDrafter:
     return DFlashDrafter(config)
 
 
-def _save(root: Path, step: int, keep: int) -> Path:
+def _save(root: Path, step: int, keep: int, within: Path | None = None) -> Path:
     drafter = _tiny_drafter()
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
@@ -50,6 +51,7 @@ def _save(root: Path, step: int, keep: int) -> Path:
         state=state,
         rng=checkpoints.capture_rng([torch.device("cpu")]),
         keep=keep,
+        within=within,
     )
 
 
@@ -70,6 +72,18 @@ def test_keep_k_prunes_oldest_and_round_trips(tmp_path: Path) -> None:
     torch.rand(5)
     checkpoints.restore_rng(saved)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_checkpoint_never_recreates_its_deleted_run_dir(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    folder = run_dir / "checkpoints" / "r"
+    first = _save(folder, 5, keep=2, within=run_dir)  # the folders below the run dir: made
+    assert [s for s, _ in list_checkpoints(folder)] == [5] and first.parent == folder
+    shutil.rmtree(run_dir)  # deleted under the live trainer (an epoch's end saves next)
+    with pytest.raises(FileNotFoundError, match=r"run dir .* is gone"):
+        _save(folder, 10, keep=2, within=run_dir)
+    assert not run_dir.exists()
 
 
 def test_incomplete_checkpoints_are_never_picked(tmp_path: Path) -> None:
