@@ -16,6 +16,7 @@ from dflash_train import protocol
 from dflash_train.protocol import Reply, StatusLine
 from dflash_tui.sources.alerts import AlertTracker
 from dflash_tui.sources.backoff import Backoff
+from dflash_tui.sources.deadline import within
 from dflash_tui.sources.host_link import HostKey, HostLink, TransportFactory, default_transport
 from dflash_tui.sources.pace import eta_s
 from dflash_tui.sources.profiles import Profile
@@ -138,7 +139,7 @@ class FleetRow:
         # channel can hang until the keepalives give up.
         limit = self.session.control_timeout + 1
         try:
-            reply = await asyncio.wait_for(self.session.status(), limit)
+            reply = await within(self.session.status(), limit)
         except asyncio.TimeoutError:
             reply = protocol.reply_error("status", "timeout", f"no answer within {limit:g} s")
         now = self.clock()
@@ -316,7 +317,7 @@ class HostWatch:
         # A new row (a profile added from the fleet) wakes the loop early.
         self.wake.clear()
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.wake.wait(), seconds)
+            await within(self.wake.wait(), seconds)
 
 
 class Fleet:

@@ -9,6 +9,7 @@ import os
 import signal
 from collections.abc import AsyncIterator, Sequence
 
+from dflash_tui.sources.deadline import within
 from dflash_tui.sources.line_stream import LineStream, StreamEnd, drain_tail, last_bytes
 from dflash_tui.sources.transport_types import (
     STOP_GRACE_S,
@@ -47,7 +48,7 @@ class LocalTransport:
         except OSError as exc:
             return CommandResult(127, b"", f"{argv[0] if argv else ''}: {exc}".encode())
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+            out, err = await within(proc.communicate(), timeout)
         except asyncio.TimeoutError:
             await _stop_local(proc)
             raise CommandTimeout(argv, timeout) from None
@@ -72,8 +73,8 @@ class LocalTransport:
 
         async def finish() -> StreamEnd:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
-                await asyncio.wait_for(drain, STOP_GRACE_S)
+                await within(proc.wait(), STOP_GRACE_S)
+                await within(drain, STOP_GRACE_S)
             return StreamEnd(proc.returncode, last_bytes(stderr))
 
         try:
@@ -106,4 +107,4 @@ async def _stop_local(proc: asyncio.subprocess.Process) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
+            await within(proc.wait(), STOP_GRACE_S)

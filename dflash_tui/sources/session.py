@@ -16,6 +16,7 @@ from typing import Literal
 from dflash_train import protocol
 from dflash_train.protocol import Rejected, Reply, StatusLine
 from dflash_tui.sources.backoff import Backoff
+from dflash_tui.sources.deadline import within
 from dflash_tui.sources.line_stream import StreamEnd
 from dflash_tui.sources.transport import CommandTimeout, HostKeyUnknown, Transport, TransportError
 
@@ -259,7 +260,7 @@ class Session:
     async def _sleep(self, delay: float | None) -> None:
         self._wake.clear()
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), delay)
+            await within(self._wake.wait(), delay)
 
     def _status_handler(
         self,

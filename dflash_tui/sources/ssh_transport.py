@@ -14,6 +14,7 @@ from typing import Any
 import asyncssh
 
 from dflash_tui.sources import known_hosts as trust
+from dflash_tui.sources.deadline import within
 from dflash_tui.sources.destination import check_destination, split_jump
 from dflash_tui.sources.line_stream import LineStream, StreamEnd, drain_tail, last_bytes
 from dflash_tui.sources.transport_types import (
@@ -164,7 +165,7 @@ class SshTransport:
         options: dict[str, Any],
     ) -> TransportError:
         try:
-            real_host, real_port, key = await asyncio.wait_for(
+            real_host, real_port, key = await within(
                 trust.fetch_host_key(host, port, tunnel, options.get("config", ())),
                 self.connect_timeout,
             )
@@ -200,7 +201,7 @@ class SshTransport:
     async def run(self, argv: Sequence[str], *, timeout: float) -> CommandResult:
         process = await self._process(argv)
         try:
-            out, err = await asyncio.wait_for(process.communicate(), timeout)
+            out, err = await within(process.communicate(), timeout)
         except asyncio.TimeoutError:
             raise CommandTimeout(argv, timeout) from None
         except SSH_ERRORS as exc:
@@ -227,8 +228,8 @@ class SshTransport:
 
         async def finish() -> StreamEnd:
             with contextlib.suppress(asyncio.TimeoutError, *SSH_ERRORS):
-                await asyncio.wait_for(process.wait_closed(), STOP_GRACE_S)
-                await asyncio.wait_for(drain, STOP_GRACE_S)
+                await within(process.wait_closed(), STOP_GRACE_S)
+                await within(drain, STOP_GRACE_S)
             return StreamEnd(process.returncode, last_bytes(stderr))
 
         try:
@@ -259,7 +260,7 @@ class SshTransport:
         for conn in conns:
             conn.close()
             with contextlib.suppress(*SSH_ERRORS):
-                await asyncio.wait_for(conn.wait_closed(), STOP_GRACE_S)
+                await within(conn.wait_closed(), STOP_GRACE_S)
 
 
 async def _end_remote(process: asyncssh.SSHClientProcess[bytes]) -> None:
@@ -269,6 +270,6 @@ async def _end_remote(process: asyncssh.SSHClientProcess[bytes]) -> None:
         process.terminate()
     process.close()
     try:
-        await asyncio.wait_for(process.wait_closed(), STOP_GRACE_S)
+        await within(process.wait_closed(), STOP_GRACE_S)
     except (asyncio.TimeoutError, *SSH_ERRORS):
         process.channel.abort()
