@@ -110,14 +110,17 @@ EVENT_LEVELS = ("info", "warning", "error")
 # speculative decoding on `prompts` held-out prompts x up to `tokens` new tokens, `tau_tf`
 # the teacher-forced acceptance length on the held-out answers (null when the held-out set
 # has none), `lossless` every output equal to plain greedy decoding, `seconds` what the
-# evaluation took. Optional: slot_acc (teacher-forced per-slot acceptance), dtype,
-# device, block_size, checkpoint (its path), source ("run" or "manual").
+# evaluation took. A target the decoder cannot drive (a hybrid of linear-attention layers,
+# whose recurrent state cannot be cut back after a rejected draft) is scored teacher-forced
+# only: `tau` and `lossless` null, `tau_tf` set, `prompts` 0. Optional: slot_acc
+# (teacher-forced per-slot acceptance), dtype, device, block_size, checkpoint (its path),
+# source ("run" or "manual").
 EVENT_CODE_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "eval": {
         "step": (int,),
-        "tau": NUMBER,
+        "tau": OPT_NUMBER,
         "tau_tf": OPT_NUMBER,
-        "lossless": (bool,),
+        "lossless": (bool, type(None)),
         "prompts": (int,),
         "tokens": (int,),
         "seconds": NUMBER,

@@ -26,10 +26,21 @@ def read_score(checkpoint: Path) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict):
         return None
-    tau = data.get("tau")
-    if not isinstance(tau, (int, float)) or isinstance(tau, bool) or not math.isfinite(tau):
-        return None
-    return data
+    if _finite(data.get("tau")):
+        return data
+    if data.get("tau") is None and _finite(data.get("tau_tf")):
+        return data  # a hybrid target's: teacher-forced only
+    return None
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def score_value(score: Mapping[str, Any]) -> float:
+    """What ranks a read score: its held-out tau, or (a hybrid target's, decoded never)
+    its teacher-forced one. One run's checkpoints are all of one kind."""
+    return float(score["tau"] if score.get("tau") is not None else score["tau_tf"])
 
 
 def write_score(checkpoint: Path, fields: Mapping[str, Any]) -> None:
@@ -47,8 +58,8 @@ def best_of(checkpoints: Iterable[Path]) -> tuple[Path, dict[str, Any]] | None:
         if score is None:
             continue
         tf = score.get("tau_tf")
-        tf = float(tf) if isinstance(tf, (int, float)) and not isinstance(tf, bool) else 0.0
-        key = (float(score["tau"]), tf, path.name)
+        tf = float(tf) if _finite(tf) else 0.0
+        key = (score_value(score), tf, path.name)
         if best is None or key > best[0]:
             best = (key, path, score)
     return None if best is None else (best[1], best[2])

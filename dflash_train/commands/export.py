@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     # Said in the reply's own line: an export no engine can load must not pass unnoticed.
     told = f"exported {checkpoint.name} to {path} in {seconds:.1f} s"
     if chosen:
-        told = f"{told} (best held-out tau {chosen['tau']} at step {chosen['step']})"
+        told = f"{told} (best held-out {_score_words(chosen)} at step {chosen['step']})"
     _reply(
         protocol.reply_ok(
             "export",
@@ -112,4 +112,10 @@ def best_checkpoint(run_dir: Path) -> tuple[Path, dict[str, object]]:
             f"train with --eval-every or run dflash-train eval --run-dir {run_dir}"
         )
     path, score = best
-    return path, {"step": score.get("step"), "tau": score["tau"], "tau_tf": score.get("tau_tf")}
+    return path, {"step": score.get("step"), "tau": score.get("tau"), "tau_tf": score.get("tau_tf")}
+
+
+def _score_words(chosen: dict[str, object]) -> str:
+    if chosen.get("tau") is None:  # a hybrid target's score: teacher-forced only
+        return f"tau {chosen['tau_tf']} teacher-forced"
+    return f"tau {chosen['tau']}"

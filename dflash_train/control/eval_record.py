@@ -24,6 +24,12 @@ from dflash_train.stream.eval_inbox import inbox_dir
 def event_line_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     """The `event` line's fields for an evaluation's figures (level, code, message added)."""
     tau_tf = fields.get("tau_tf")
+    if fields["tau"] is None:  # a hybrid target: scored teacher-forced only
+        message = (
+            f"held-out tau {tau_tf:.3f} teacher-forced at step {fields['step']} (a hybrid "
+            f"target is not decoded speculatively), {fields['seconds']:.1f} s"
+        )
+        return {"level": "info", "code": "eval", "message": message, **fields}
     message = (
         f"held-out tau {fields['tau']:.3f} at step {fields['step']}"
         + ("" if tau_tf is None else f" (teacher-forced {tau_tf:.3f})")

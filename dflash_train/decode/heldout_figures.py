@@ -73,6 +73,24 @@ def _has_anchor(mask: Sequence[int], size: int) -> bool:
     return any(mask[t] and mask[t + 1] for t in range(len(mask) - size + 1))
 
 
+def teacher_forced_fields(
+    slot_acc: Sequence[float], tau_tf: float, block_size: int
+) -> dict[str, Any]:
+    """The `eval` event's figures when nothing was decoded (a hybrid target): the
+    teacher-forced ones alone, the decoding ones null or zero."""
+    return {
+        "tau": None,
+        "tau_tf": round(tau_tf, 4),
+        "slot_acc": [round(a, 4) for a in slot_acc],
+        "lossless": None,
+        "prompts": 0,
+        "tokens": 0,
+        "generated_tokens": 0,
+        "blocks": 0,
+        "block_size": block_size,
+    }
+
+
 def event_fields(
     summary: EvalSummary, slot_acc: Sequence[float], tau_tf: float | None, tokens: int
 ) -> dict[str, Any]:

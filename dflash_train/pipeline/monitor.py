@@ -301,7 +301,8 @@ class MonitorThread(threading.Thread):
             return
         names = ("tau", "tau_tf", "seconds")
         figures = {f"eval/{k}": fields[k] for k in names if fields.get(k) is not None}
-        figures["eval/lossless"] = int(bool(fields.get("lossless")))
+        if fields.get("lossless") is not None:  # None: a hybrid's, nothing decoded
+            figures["eval/lossless"] = int(bool(fields["lossless"]))
         self.wandb.log(figures, max(self._wandb_step, int(fields.get("step", 0))))
 
     def _write_queue(self, now: float) -> None:

@@ -74,7 +74,11 @@ def _checkpoint_rows(series: RunSeries) -> str:
     rows = []
     for c in series.checkpoints:
         held = heldout.get(c["step"])
-        tau = f"{held['tau']:.3f}" if held else "—"
+        tau = "—"
+        if held and held["tau"] is not None:
+            tau = f"{held['tau']:.3f}"
+        elif held and held["tau_tf"] is not None:
+            tau = f"{held['tau_tf']:.3f} (teacher-forced)"
         rows.append(
             f'<tr><td class="n">{c["step"]:,}</td><td>{_when(c["t"])}</td>'
             f'<td class="n">{c["seconds"]:.1f}</td><td class="n">{tau}</td>'

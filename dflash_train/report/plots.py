@@ -91,9 +91,10 @@ def draw_acc(ax: Axes, series: RunSeries) -> None:
 def draw_tau(ax: Axes, series: RunSeries) -> None:
     _line(ax, series, "tau", "τ teacher-forced (train)")
     if series.evals:
-        steps = [e["step"] for e in series.evals]
-        ax.plot(steps, [e["tau"] for e in series.evals], "o-", color="#e6550d",
-                label="τ held-out (speculative decoding)")  # fmt: skip
+        decoded = [e for e in series.evals if e["tau"] is not None]  # a hybrid's: none
+        if decoded:
+            ax.plot([e["step"] for e in decoded], [e["tau"] for e in decoded], "o-",
+                    color="#e6550d", label="τ held-out (speculative decoding)")  # fmt: skip
         tf = [e for e in series.evals if e.get("tau_tf") is not None]
         if tf:
             ax.plot([e["step"] for e in tf], [e["tau_tf"] for e in tf], "s--", color="#fd8d3c",

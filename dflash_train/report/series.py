@@ -256,7 +256,7 @@ def _on_start(series: RunSeries, obj: dict[str, Any], step: int, t: float) -> No
 def _on_event(series: RunSeries, obj: dict[str, Any], step: int, t: float) -> None:
     code = obj["code"]
     at = obj.get("step") if isinstance(obj.get("step"), int) else step
-    if code == "eval" and isinstance(obj.get("tau"), (int, float)):
+    if code == "eval" and any(isinstance(obj.get(k), (int, float)) for k in ("tau", "tau_tf")):
         series.evals.append(
             {"step": obj["step"], "t": t, "tau": obj["tau"], "tau_tf": obj.get("tau_tf")}
         )

@@ -13,7 +13,9 @@ pipeline every worker pauses producing after its current batch while the pool ke
 holds; in the sync pipeline training simply waits. The
 drafter's weights are copied into a drafter on the target's device in the target's dtype
 (float32 on a CPU, so the figures equal `dflash-train eval` of the checkpoint exactly;
-bfloat16 on a GPU, stated in the event). A failure is a warning event; training goes on.
+bfloat16 on a GPU, stated in the event). A hybrid target (linear-attention layers: their
+recurrent state cannot be cut back after a rejected draft, so the decoder cannot drive it)
+is scored teacher-forced only (`tau` null). A failure is a warning event; training goes on.
 A stop asked for while an evaluation runs ends it at the next round (an `eval_interrupted`
 event, no score), so SIGTERM is answered within stop's timeout however slow the device."""
 
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from dflash_train.checkpoint import store as checkpoints
 from dflash_train.checkpoint.heldout_score import write_score
+from dflash_train.control.eval_record import event_line_fields
 from dflash_train.data.heldout import HeldoutError, HeldoutSet, heldout_path, load_heldout
 
 ALIVE_EVERY_S = 5.0
@@ -144,16 +147,8 @@ class HeldoutEvaluator:
             write_score(path, {**fields, "checkpoint": str(path)})
         except OSError as exc:
             self._warn("eval_score_failed", f"eval.json not written to {path}: {exc}", step=step)
-        message = (
-            f"held-out tau {fields['tau']:.3f} at step {step}"
-            + ("" if fields["tau_tf"] is None else f" (teacher-forced {fields['tau_tf']:.3f})")
-            + ("" if fields["lossless"] else "; NOT lossless")
-            + f", {fields['prompts']} prompts, {fields['seconds']:.1f} s"
-        )
         if run.monitor is not None:
-            run.monitor.emit(
-                "event", level="info", code="eval", message=message, checkpoint=str(path), **fields
-            )
+            run.monitor.emit("event", checkpoint=str(path), **event_line_fields(fields))
 
     def _keep_alive(self) -> threading.Event:
         """An evaluation is progress: the monitor hears so every few seconds (its stall
@@ -185,29 +180,45 @@ class HeldoutEvaluator:
     def _measure(self) -> dict[str, Any]:
         from dflash_train.data.prepare import conversation_prompt_ids, stop_token_ids
         from dflash_train.decode.batch_decode import evaluate_batched
-        from dflash_train.decode.heldout_figures import event_fields, teacher_forced
+        from dflash_train.decode.cached_target import supports
+        from dflash_train.decode.heldout_figures import (
+            event_fields,
+            teacher_forced,
+            teacher_forced_fields,
+        )
 
         assert self.heldout is not None
         target = self.run.targets[0]
-        if self._prompt_ids is None:
-            chosen = self.heldout.prompts[: self.prompts]
-            self._prompt_ids = [conversation_prompt_ids(target.tokenizer, c) for c in chosen]
         drafter = self._weights_now()
-        summary = evaluate_batched(
-            self._speculator_for(drafter),
-            target,
-            self._prompt_ids,
-            self.tokens,
-            stop_token_ids(target),
-            self._greedy,
-            on_prompt=lambda *_: self._unless_stopping(),
-            between_rounds=self._unless_stopping,
-        )
+        decodable = supports(target)
+        summary = None
+        if decodable:
+            if self._prompt_ids is None:
+                chosen = self.heldout.prompts[: self.prompts]
+                self._prompt_ids = [conversation_prompt_ids(target.tokenizer, c) for c in chosen]
+            summary = evaluate_batched(
+                self._speculator_for(drafter),
+                target,
+                self._prompt_ids,
+                self.tokens,
+                stop_token_ids(target),
+                self._greedy,
+                on_prompt=lambda *_: self._unless_stopping(),
+                between_rounds=self._unless_stopping,
+            )
         max_length = self.run.config.model.max_length
         slot_acc, tau_tf = teacher_forced(
             target, drafter, self.heldout.rows, max_length, before_row=self._unless_stopping
         )
-        fields = event_fields(summary, slot_acc, tau_tf, self.tokens)
+        if summary is not None:
+            fields = event_fields(summary, slot_acc, tau_tf, self.tokens)
+        elif tau_tf is None:
+            raise ValueError(
+                "the target is a hybrid (linear-attention layers), which is scored "
+                "teacher-forced only, and the held-out set has no answers to score"
+            )
+        else:
+            fields = teacher_forced_fields(slot_acc, tau_tf, drafter.config.block_size)
         fields["dtype"] = str(target.embed_tokens.weight.dtype).removeprefix("torch.")
         fields["device"] = str(target.device)
         return fields

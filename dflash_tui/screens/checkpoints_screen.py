@@ -19,6 +19,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
 from dflash_train.protocol import StatusLine
+from dflash_tui.sources.state import listed_score
 
 COLUMNS = ("step", "written", "size", "save s", "held-out τ", "state", "path")
 BEST_MARK = "★ best"
@@ -64,9 +65,7 @@ def checkpoint_rows(
     rows = _rows(stream, listed)
     on_box = {int(c["step"]): c for c in listed or () if isinstance(c.get("step"), int)}
     taus = dict(scores or {})
-    taus |= {
-        s: float(c["tau"]) for s, c in on_box.items() if isinstance(c.get("tau"), (int, float))
-    }
+    taus |= {s: score for s, c in on_box.items() if (score := listed_score(c)) is not None}
     if any(c.get("best") for c in on_box.values()):
         best = next(step for step, c in on_box.items() if c.get("best"))
     else:

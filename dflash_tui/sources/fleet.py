@@ -21,7 +21,7 @@ from dflash_tui.sources.host_link import HostKey, HostLink, TransportFactory, de
 from dflash_tui.sources.pace import eta_s
 from dflash_tui.sources.profiles import Profile
 from dflash_tui.sources.session import Session
-from dflash_tui.sources.state import STALL_AFTER_S, RunState
+from dflash_tui.sources.state import STALL_AFTER_S, RunState, listed_score
 
 # How far before the stream's end a row's tail starts: enough lines for a rate (ETA), a
 # GPU tick and the latest metrics.
@@ -256,12 +256,13 @@ def _heldout_tau(state: RunState, status: Mapping[str, Any]) -> float | None:
     """The newest held-out tau: the stream's, else (its eval event lies before the tail the
     row follows) the newest scored checkpoint's in `status`, else the training tau."""
     if state.heldout is not None:
-        return state.heldout.tau
+        return state.heldout.score
     listed = status.get("checkpoint_list")
-    # The box lists a finite number or null (checkpoint/heldout_score.py reads it so).
-    scored = [c for c in listed or () if isinstance(c, Mapping) and c.get("tau") is not None]
+    # The box lists a finite number or null (checkpoint/heldout_score.py reads it so); a
+    # hybrid target's checkpoints have only the teacher-forced one.
+    scored = [c for c in listed or () if isinstance(c, Mapping) and listed_score(c) is not None]
     if scored:
-        return float(max(scored, key=lambda c: c.get("step") or 0)["tau"])
+        return listed_score(max(scored, key=lambda c: c.get("step") or 0))
     return state.latest("tau")
 
 

@@ -59,12 +59,32 @@ class EventRecord:
 
 @dataclass(frozen=True)
 class HeldoutTau:
-    """One held-out evaluation (an `eval` event): the step, real and teacher-forced tau."""
+    """One held-out evaluation (an `eval` event): the step, real and teacher-forced tau.
+    A hybrid target's is teacher-forced only (tau and lossless None)."""
 
     step: int
-    tau: float
+    tau: float | None
     tau_tf: float | None
-    lossless: bool
+    lossless: bool | None
+
+    @property
+    def teacher_forced_only(self) -> bool:
+        return self.tau is None
+
+    @property
+    def score(self) -> float:
+        """What ranks it and is shown: real tau, else the teacher-forced one."""
+        return float(self.tau if self.tau is not None else self.tau_tf or 0.0)
+
+
+def listed_score(checkpoint: Mapping[str, Any]) -> float | None:
+    """A checkpoint's held-out score as the box lists it (`status`'s checkpoint_list):
+    its tau, else (a hybrid target's) its teacher-forced tau, else None."""
+    for key in ("tau", "tau_tf"):
+        value = checkpoint.get(key)
+        if _is_number(value):
+            return float(value)
+    return None
 
 
 def silence(sent_at: float, last_t: float, now: float) -> float:
@@ -306,7 +326,9 @@ class RunState:
             self.restart_failed = True
         elif line["code"] == "epoch_end" and isinstance(line.get("epoch"), int):
             self.epoch = line["epoch"]
-        elif line["code"] == "eval" and _is_number(line.get("tau")):
+        elif line["code"] == "eval" and (
+            _is_number(line.get("tau")) or _is_number(line.get("tau_tf"))
+        ):
             self._apply_eval(line)
 
     def _apply_eval(self, line: StatusLine) -> None:
@@ -318,12 +340,15 @@ class RunState:
         if not isinstance(step, int):
             return
         tau_tf = line.get("tau_tf")
-        held = HeldoutTau(step, float(line["tau"]), tau_tf, bool(line.get("lossless")))
+        tau = float(line["tau"]) if _is_number(line.get("tau")) else None
+        lossless = None if tau is None else bool(line.get("lossless"))
+        held = HeldoutTau(step, tau, tau_tf if _is_number(tau_tf) else None, lossless)
         self.heldout_scores[step] = held
         if self.heldout is not None and step < self.heldout.step:
             return
         self.heldout = held
-        self.history.add("eval_tau", step, held.tau, line.t)
+        if held.tau is not None:
+            self.history.add("eval_tau", step, held.tau, line.t)
         if _is_number(tau_tf):
             self.history.add("eval_tau_tf", step, tau_tf, line.t)
 

@@ -61,6 +61,7 @@ class HeaderFacts:
     # The newest held-out evaluation (an `eval` event): its tau and the step it measured.
     heldout_tau: float | None = None
     heldout_step: int | None = None
+    heldout_tf_only: bool = False  # a hybrid target's: teacher-forced, not decoded
     # A launched prepare (run_start's mode), and its newest progress: answers done and of
     # all, answer tokens/s (None until its first progress line).
     preparing: bool = False
@@ -157,7 +158,7 @@ def _bottom_line(facts: HeaderFacts, colours: dict[str, str], bar_width: int) ->
         total = "" if facts.total_steps is None else f"/{facts.total_steps:,}"
         bottom.append(f"  │ step {step}{total}  │ ETA {units.duration(facts.eta_s)}  │ ")
     if facts.heldout_tau is not None:
-        bottom.append("held-out τ ")
+        bottom.append("held-out τ(tf) " if facts.heldout_tf_only else "held-out τ ")
         bottom.append(f"{facts.heldout_tau:.3f}", style=f"bold {colours['accent']}")
         at = "" if facts.heldout_step is None else f" @{facts.heldout_step:,}"
         bottom.append(f"{at}  │ ")

@@ -198,6 +198,82 @@ def test_status_lists_tau_per_checkpoint_and_export_best_names_the_best(eval_run
     assert (out / "model.safetensors").is_file()
 
 
+async def _checkpoint_rows(app: Any, pilot: Any) -> dict[str, Any]:
+    """`c`: the checkpoints screen's rows once the box's listing came, by step."""
+    from textual.widgets import DataTable
+
+    from dflash_tui.screens.checkpoints_screen import CheckpointsScreen
+    from tests.tui.console_harness import wait_until
+
+    await pilot.press("c")
+    screen = app.screen
+    assert isinstance(screen, CheckpointsScreen)
+    await wait_until(pilot, lambda: screen.listed is not None)
+    table = screen.query_one(DataTable)
+    return {table.get_row_at(i)[0]: table.get_row_at(i) for i in range(table.row_count)}
+
+
+async def test_a_hybrid_target_is_scored_teacher_forced_and_its_best_exported(
+    tmp_path: Path, heldout_data: Path
+) -> None:
+    """A hybrid (Gated-DeltaNet layers) cannot be decoded speculatively in the run (its
+    recurrent state is not cut back after a rejected draft): each evaluation is then the
+    teacher-forced tau on the held-out answers, an `eval` event with tau null, the
+    checkpoint's score, listed by `status`, chosen by `export --best` and shown by the
+    console as teacher-forced (header, tau view, checkpoints), not a warning."""
+    from dflash_tui.screens.checkpoints_screen import BEST_MARK
+    from dflash_tui.widgets.header import RunHeader
+    from dflash_tui.widgets.loss_plot import LossPane
+    from tests.tui.console_harness import console_app, wait_until
+
+    run_dir = tmp_path / "run"
+    argv = train_argv(
+        "random:tiny-hybrid", heldout_data, run_dir, "--pipeline", "sync", "--max-steps", "2",
+        "--save-every", "0", "--eval-every", "1", "--eval-prompts", "2", "--eval-tokens", "8",
+    )  # fmt: skip
+    done = run_train(argv, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = status_lines(run_dir)
+    assert not [line for line in lines if line.get("code") == "eval_failed"]
+    evals = _evals(run_dir)
+    assert [(e["step"], e["tau"], e["lossless"], e["prompts"]) for e in evals] == [
+        (1, None, None, 0),
+        (2, None, None, 0),
+    ]
+    block = evals[0]["block_size"]
+    assert all(1.0 <= e["tau_tf"] <= block and len(e["slot_acc"]) == block - 1 for e in evals)
+    assert "teacher-forced at step 1 (a hybrid target" in evals[0]["message"]
+    status = _cli("status", str(run_dir))
+    listed = {c["step"]: c for c in status.data["checkpoint_list"]}
+    assert {s: (c["tau"], c["tau_tf"]) for s, c in listed.items()} == {
+        e["step"]: (None, e["tau_tf"]) for e in evals
+    }
+    best = max(evals, key=lambda e: (e["tau_tf"], e["step"]))
+    assert [s for s, c in listed.items() if c["best"]] == [best["step"]]
+    reply = _cli("export", str(run_dir), "--best", "--out", str(tmp_path / "best"))
+    assert reply.ok, reply
+    assert reply.data["step"] == best["step"]
+    told = f"best held-out tau {best['tau_tf']} teacher-forced at step {best['step']}"
+    assert told in reply.data["message"]
+
+    app, _ = console_app(run_dir, read_only=True)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_until(pilot, lambda: app.state.end is not None)
+        header = str(app.screen.query_one(RunHeader).render())
+        assert f"held-out τ(tf) {evals[-1]['tau_tf']:.3f} @2" in header
+        loss = app.screen.query_one(LossPane)
+        while loss.choice.id != "tau":
+            await pilot.press("v")
+        app.request_redraw()
+        await wait_until(pilot, lambda: "eval_tau_tf" in loss.drawn)
+        assert "eval_tau" not in loss.drawn  # nothing decoded: no such series
+        rows = await _checkpoint_rows(app, pilot)
+        assert {step: row[4] for step, row in rows.items()} == {
+            str(e["step"]): f"{e['tau_tf']:.3f}" for e in evals
+        }
+        assert [s for s, row in rows.items() if BEST_MARK in row[5]] == [str(best["step"])]
+
+
 def test_export_best_without_any_score_says_what_to_run(tmp_path: Path, eval_run: Path) -> None:
     run_dir = tmp_path / "run"
     shutil.copytree(eval_run, run_dir)
@@ -246,9 +322,7 @@ async def test_the_console_plots_the_held_out_tau_and_marks_the_best_checkpoint(
     """The real console on the real run (local, through the real dflash-train commands):
     `v` to the tau view draws the training tau_tf beside the held-out series at the
     evaluated steps, the header shows the newest held-out tau, `c` marks the best."""
-    from textual.widgets import DataTable
-
-    from dflash_tui.screens.checkpoints_screen import BEST_MARK, CheckpointsScreen
+    from dflash_tui.screens.checkpoints_screen import BEST_MARK
     from dflash_tui.widgets.header import RunHeader
     from dflash_tui.widgets.loss_plot import LossPane
     from tests.tui.console_harness import console_app, wait_until
@@ -273,12 +347,7 @@ async def test_the_console_plots_the_held_out_tau_and_marks_the_best_checkpoint(
         header = str(app.screen.query_one(RunHeader).render())
         assert f"held-out τ {newest['tau']:.3f} @{newest['step']}" in header
 
-        await pilot.press("c")
-        screen = app.screen
-        assert isinstance(screen, CheckpointsScreen)
-        await wait_until(pilot, lambda: screen.listed is not None)
-        table = screen.query_one(DataTable)
-        rows = {table.get_row_at(i)[0]: table.get_row_at(i) for i in range(table.row_count)}
+        rows = await _checkpoint_rows(app, pilot)
         assert sorted(rows) == ["3", "6"]
         assert {step: row[4] for step, row in rows.items()} == {
             str(s): f"{e['tau']:.3f}" for s, e in evals.items()
