@@ -167,11 +167,14 @@ def evaluate_batched(
     greedy: dict[tuple[int, ...], Generation],
     on_prompt: Callable[[str, int, float | None], None] | None = None,
     between_rounds: Callable[[], None] | None = None,
+    phases: dict[str, float] | None = None,
 ) -> EvalSummary:
     """speculative.evaluate_prompts' summary with the speculative decodings batched: each
     prompt against its plain greedy decoding at batch 1 (taken from `greedy`, the frozen
     target's, or decoded once and kept there). Its seconds are wall time, not the batch-1
-    speed a user gets (`dflash-train eval` measures that)."""
+    speed a user gets (`dflash-train eval` measures that). `phases` gets the seconds of
+    the greedy decodings (0 when all were kept) and of the speculative ones."""
+    began = time.monotonic()
     missing = [p for p in prompt_token_ids if (max_new_tokens, *p) not in greedy]
     if missing:
         decoder = Decoder(target, capacity_for(missing, max_new_tokens, 0), ())
@@ -183,5 +186,9 @@ def evaluate_batched(
                 on_prompt("greedy", done, None)
         del decoder  # its cache and graphs: needed again only for a new prompt
     plain = [greedy[(max_new_tokens, *p)] for p in prompt_token_ids]
+    decoded = time.monotonic()
     spec = speculator.decode(prompt_token_ids, max_new_tokens, stop_ids, between_rounds)
+    if phases is not None:
+        phases["greedy"] = decoded - began
+        phases["speculative"] = time.monotonic() - decoded
     return summarize(spec, plain, speculator.block_size)

@@ -188,16 +188,23 @@ class HeldoutEvaluator:
         )
 
         assert self.heldout is not None
+        began = time.monotonic()
         target = self.run.targets[0]
         drafter = self._weights_now()
-        decodable = supports(target)
         summary = None
-        if decodable:
+        # Where an evaluation's seconds go (seconds each, in the event): what to make
+        # faster next, and whether the kept greedy decodings and decoder really are kept.
+        phases: dict[str, float] = {}
+        if supports(target):
             if self._prompt_ids is None:
                 chosen = self.heldout.prompts[: self.prompts]
                 self._prompt_ids = [conversation_prompt_ids(target.tokenizer, c) for c in chosen]
+            speculator = self._speculator_for(drafter)
+            phases["setup"] = time.monotonic() - began
+            key = self.tokens
+            fresh = sum((key, *p) not in self._greedy for p in self._prompt_ids)
             summary = evaluate_batched(
-                self._speculator_for(drafter),
+                speculator,
                 target,
                 self._prompt_ids,
                 self.tokens,
@@ -205,13 +212,19 @@ class HeldoutEvaluator:
                 self._greedy,
                 on_prompt=lambda *_: self._unless_stopping(),
                 between_rounds=self._unless_stopping,
+                phases=phases,
             )
+        else:
+            phases["setup"] = time.monotonic() - began
         max_length = self.run.config.model.max_length
+        forced = time.monotonic()
         slot_acc, tau_tf = teacher_forced(
             target, drafter, self.heldout.rows, max_length, before_row=self._unless_stopping
         )
+        phases["teacher_forced"] = time.monotonic() - forced
         if summary is not None:
             fields = event_fields(summary, slot_acc, tau_tf, self.tokens)
+            fields["greedy_decoded"] = fresh  # the first evaluation's; kept after
         elif tau_tf is None:
             raise ValueError(
                 "the target is a hybrid (linear-attention layers), which is scored "
@@ -221,6 +234,7 @@ class HeldoutEvaluator:
             fields = teacher_forced_fields(slot_acc, tau_tf, drafter.config.block_size)
         fields["dtype"] = str(target.embed_tokens.weight.dtype).removeprefix("torch.")
         fields["device"] = str(target.device)
+        fields["phases_s"] = {name: round(s, 3) for name, s in phases.items()}
         return fields
 
     def _speculator_for(self, drafter: DFlashDrafter) -> BatchSpeculator:

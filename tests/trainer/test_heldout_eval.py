@@ -146,8 +146,11 @@ def test_eval_events_at_the_configured_steps_and_in_wandb(eval_run: Path) -> Non
         assert event["tau"] >= 1.0 and event["tau_tf"] >= 1.0 and event["lossless"] is True
         assert len(event["slot_acc"]) == 3 and event["dtype"] == "float32"
         assert event["seconds"] > 0 and f"held-out tau {event['tau']:.3f}" in event["message"]
+        assert set(event["phases_s"]) == {"setup", "greedy", "speculative", "teacher_forced"}
         score = read_score(Path(event["checkpoint"]))
         assert score is not None and score["tau"] == event["tau"] and score["step"] == event["step"]
+    # Plain greedy decoding of the frozen target is done once, at the first evaluation.
+    assert [e["greedy_decoded"] for e in events] == [2, 0]
     rows = {r["_step"]: r for r in history_rows(eval_run) if "eval/tau" in r}
     assert sorted(rows) == [3, 6]
     assert [rows[e["step"]]["eval/tau_tf"] for e in events] == [e["tau_tf"] for e in events]
