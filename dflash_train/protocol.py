@@ -222,6 +222,8 @@ def _check_fields(kind: str, fields: Mapping[str, Any]) -> Rejected | None:
         problem = _check_required(f"event {code}", fields, EVENT_CODE_FIELDS[code])
         if problem is not None:
             return problem
+        if code == "eval" and fields["tau"] is None and fields["tau_tf"] is None:
+            return Rejected("bad_value", "event eval: tau and tau_tf both null: nothing measured")
     if kind == "run_end" and fields["reason"] not in RUN_END_REASONS:
         return Rejected(
             "bad_value", f"run_end.reason: {fields['reason']!r} not in {RUN_END_REASONS}"

@@ -56,6 +56,8 @@ def tail_stream(
                 out.flush()
             if _write(out, follower.poll()):
                 out.flush()
+                if watch is not None:
+                    watch.saw_lines()
                 continue
             if output_closed(out.fileno()):
                 return

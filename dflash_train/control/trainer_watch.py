@@ -44,6 +44,14 @@ class TrainerWatch:
         self._judged = True  # nothing to judge until a holder is seen
         self._probed_at = -PROBE_EVERY_S
 
+    def saw_lines(self) -> None:
+        """Lines came while following: a live holder wrote them (the trainer, or the
+        control plane under the lock), seen even when it took the lock and died between
+        two probes (a trainer killed within PROBE_EVERY_S of its start). The grace period
+        counts from the next probe that finds the lock free."""
+        if self._judged:
+            self._free_since, self._judged = None, False
+
     def check(self) -> bytes | None:
         now = self.clock()
         if now - self._probed_at < PROBE_EVERY_S:

@@ -43,8 +43,10 @@ def _stream(run_dir: RunDir, lines: int = 3) -> StatusWriter:
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        ({"lossless": "yes"}, "event eval.lossless: expected boolean, got str"),
-        ({"tau": None}, "event eval.tau: expected integer or number, got NoneType"),
+        ({"lossless": "yes"}, "event eval.lossless: expected boolean or null, got str"),
+        ({"tau": "2"}, "event eval.tau: expected integer or number or null, got str"),
+        # null tau is a hybrid target's teacher-forced-only score; with no tau_tf, nothing
+        ({"tau": None, "tau_tf": None}, "event eval: tau and tau_tf both null: nothing measured"),
         ({"step": 1.5}, "event eval.step: expected integer, got float"),
         ({"prompts": ...}, "event eval: missing field 'prompts'"),
     ],

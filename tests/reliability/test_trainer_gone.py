@@ -123,10 +123,11 @@ def test_tail_sends_the_marker_once_for_a_dead_holder_and_none_after_run_end(
         assert tail.stdout is not None
         first = protocol.decode_line(tail.stdout.readline())
         assert isinstance(first, protocol.StatusLine) and first.kind == "run_start"
-        # The watch judges only a holder it saw alive: kill once the tail's follow loop has
-        # looked. Its first read was done before run_start reached us, so a line written
-        # after that comes through the loop, which probes the lock before each read (on a
-        # loaded machine an immediate kill could come before any look, and no marker).
+        # The watch judges only a holder it saw alive: kill once a line has come through
+        # the tail's follow loop (its first read was done before run_start reached us), so
+        # the holder was seen: by a probe, or by the line itself when the lock was taken
+        # after one probe and freed before the next (on a loaded machine it was, and no
+        # marker came: the test waited on readline for 600 s).
         written = last_record(run_dir / "status.jsonl")
         assert written is not None
         seen = written.seq
@@ -158,6 +159,30 @@ def test_tail_sends_the_marker_once_for_a_dead_holder_and_none_after_run_end(
     # Events the control plane appends after the run_end, under the run lock (an
     # evaluation by hand, a failed restart): that holder leaving is no trainer gone.
     assert watch_answers(tmp_path / "appended", ends=True, appended=True) == [False] * 6
+
+
+@pytest.mark.parametrize(
+    ("wrote", "expected"), [(True, [False, False, True, False]), (False, [False] * 4)]
+)
+def test_a_holder_seen_only_by_its_lines_is_still_judged(
+    tmp_path: Path, wrote: bool, expected: list[bool]
+) -> None:
+    """The lock was free at every probe (taken after one, freed before the next), but the
+    holder's lines came through the follow loop: gone once the lock is free past the grace
+    period, once; without such lines, no marker."""
+    now = [0.0]
+    stream = tmp_path / "status.jsonl"
+    watch = TrainerWatch(tmp_path / "run.lock", stream, clock=lambda: now[0])
+    writer = StatusWriter(stream, RUN_ID)
+    answers = []
+    for at in (1.0, 2.0, 4.5, 6.0):
+        now[0] = at
+        answers.append(watch.check() is not None)
+        if at == 1.0 and wrote:
+            writer.write("heartbeat")  # the holder's line, read by the follow loop
+            watch.saw_lines()
+    writer.close()
+    assert answers == expected
 
 
 def watch_answers(where: Path, *, ends: bool, appended: bool = False) -> list[bool]:

@@ -4,6 +4,7 @@ server (per test, in the test's event loop) and one OpenSSH sshd shared by the s
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import shutil
 import subprocess
@@ -42,6 +43,33 @@ PCT_PREFIX = ("pct", "exec", "200", "--")
 # reliability conftest reuses its fixtures), and the constants are read at each call.
 textual_wait.SLEEP_GRANULARITY = 0.004
 textual_wait.SLEEP_IDLE = textual_wait.SLEEP_GRANULARITY / 20
+
+
+# A console test that hangs (an await that never returns) is ended by pytest-timeout after
+# 600 s with the threads' stacks, which show only the idle event loop. Shortly before, the
+# loop itself prints every task's stack: where each coroutine waits (captured, so it is in
+# the failure's report).
+HANG_REPORT_S = 540.0
+
+
+@pytest.fixture(autouse=True)
+def _hang_report(request: pytest.FixtureRequest) -> None:
+    if inspect.iscoroutinefunction(request.function):
+        request.getfixturevalue("_loop_task_dump")
+
+
+@pytest.fixture
+async def _loop_task_dump() -> AsyncIterator[None]:
+    def dump() -> None:
+        print(f"--- {HANG_REPORT_S:g} s into the test; its event loop's tasks:", file=sys.stderr)
+        for task in asyncio.all_tasks():
+            task.print_stack(file=sys.stderr)
+
+    handle = asyncio.get_running_loop().call_later(HANG_REPORT_S, dump)
+    try:
+        yield
+    finally:
+        handle.cancel()
 
 
 @pytest.fixture(scope="session")
