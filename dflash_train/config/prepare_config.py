@@ -183,11 +183,15 @@ class PrepareConfig:
                 raise PrepareError(f"{flag_name(name)}: {reason}")
         if self.then_train and self.run_dir is None:
             raise PrepareError("then-train: needs --run-dir (launch --prepare sets both)")
+        # Missing folders above --out are made (as `--out data/smol` in a fresh checkout
+        # expects); the nearest one that exists must take them.
         parent = Path(self.out).absolute().parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
         if not parent.is_dir():
-            raise PrepareError(f"out: parent directory {parent} does not exist")
+            raise PrepareError(f"out: {parent} is not a directory")
         if not os.access(parent, os.W_OK):
-            raise PrepareError(f"out: parent directory {parent} is not writable")
+            raise PrepareError(f"out: directory {parent} is not writable")
 
     def to_record(self) -> dict[str, Any]:
         """JSON-ready values (prepare.json's `config`, the work dir's fingerprint)."""

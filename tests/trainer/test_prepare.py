@@ -154,6 +154,16 @@ def test_config_validation(tmp_path: Path, field: str, value: object, reason: st
     config.validate()
 
 
+def test_out_may_name_folders_not_made_yet_but_not_a_file(tmp_path: Path) -> None:
+    # README's first command, `--out data/smol`, in a fresh checkout: data/ is made.
+    fresh = PrepareConfig(target="smollm2", prompts="builtin", out=tmp_path / "data" / "smol")
+    fresh.validate()
+    (tmp_path / "file").write_text("x")
+    under_a_file = PrepareConfig(**{**fresh.__dict__, "out": tmp_path / "file" / "a" / "b"})
+    with pytest.raises(PrepareError, match=f"^out: {tmp_path / 'file'} is not a directory$"):
+        under_a_file.validate()
+
+
 def test_cli_refuses_bad_input_without_touching_anything(tmp_path: Path) -> None:
     existing = tmp_path / "existing"
     existing.mkdir()
