@@ -3,6 +3,7 @@ when asked, then followed until the reader goes away."""
 
 from __future__ import annotations
 
+import itertools
 import select
 import time
 from collections.abc import Iterator
@@ -54,10 +55,13 @@ def tail_stream(
             if marker is not None:
                 _write(out, iter([marker]))
                 out.flush()
-            if _write(out, follower.poll()):
-                out.flush()
+            lines = follower.poll()
+            first = next(lines, None)
+            if first is not None:
                 if watch is not None:
-                    watch.saw_lines()
+                    watch.saw_lines()  # before they are sent: their writer is alive now
+                _write(out, itertools.chain([first], lines))
+                out.flush()
                 continue
             if output_closed(out.fileno()):
                 return

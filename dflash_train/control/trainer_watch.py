@@ -45,12 +45,13 @@ class TrainerWatch:
         self._probed_at = -PROBE_EVERY_S
 
     def saw_lines(self) -> None:
-        """Lines came while following: a live holder wrote them (the trainer, or the
-        control plane under the lock), seen even when it took the lock and died between
-        two probes (a trainer killed within PROBE_EVERY_S of its start). The grace period
-        counts from the next probe that finds the lock free."""
-        if self._judged:
+        """New lines came while following, not yet sent: while no holder has been seen,
+        the lock is probed now, not at the next PROBE_EVERY_S, so a writer that took the
+        lock after one probe and is killed (once its line has come) before the next is
+        still seen alive. A writer without the lock (a test's synthetic stream) is not."""
+        if self._judged and lock_is_held(self.lock):
             self._free_since, self._judged = None, False
+            self._probed_at = self.clock()
 
     def check(self) -> bytes | None:
         now = self.clock()

@@ -7,6 +7,7 @@ trainer whose run dir is deleted under it stops itself, writing nothing there.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -124,10 +125,10 @@ def test_tail_sends_the_marker_once_for_a_dead_holder_and_none_after_run_end(
         first = protocol.decode_line(tail.stdout.readline())
         assert isinstance(first, protocol.StatusLine) and first.kind == "run_start"
         # The watch judges only a holder it saw alive: kill once a line has come through
-        # the tail's follow loop (its first read was done before run_start reached us), so
-        # the holder was seen: by a probe, or by the line itself when the lock was taken
-        # after one probe and freed before the next (on a loaded machine it was, and no
-        # marker came: the test waited on readline for 600 s).
+        # the tail's follow loop (its first read was done before run_start reached us),
+        # which probes the lock before sending a line while no holder has been seen (with
+        # only the periodic probe, a lock taken after one probe and freed before the next
+        # went unseen on a loaded machine, and the test waited on readline for 600 s).
         written = last_record(run_dir / "status.jsonl")
         assert written is not None
         seen = written.seq
@@ -162,25 +163,27 @@ def test_tail_sends_the_marker_once_for_a_dead_holder_and_none_after_run_end(
 
 
 @pytest.mark.parametrize(
-    ("wrote", "expected"), [(True, [False, False, True, False]), (False, [False] * 4)]
+    ("locked", "expected"), [(True, [False, False, True, False]), (False, [False] * 4)]
 )
-def test_a_holder_seen_only_by_its_lines_is_still_judged(
-    tmp_path: Path, wrote: bool, expected: list[bool]
+def test_a_holder_seen_only_when_its_line_came_is_still_judged(
+    tmp_path: Path, locked: bool, expected: list[bool]
 ) -> None:
-    """The lock was free at every probe (taken after one, freed before the next), but the
-    holder's lines came through the follow loop: gone once the lock is free past the grace
-    period, once; without such lines, no marker."""
+    """The lock was free at every periodic probe (taken after one, freed before the next),
+    but its holder's line came through the follow loop, which probes then: gone once the
+    lock is free past the grace period, once. A line from a writer without the lock (a
+    test's synthetic stream) arms nothing."""
     now = [0.0]
-    stream = tmp_path / "status.jsonl"
-    watch = TrainerWatch(tmp_path / "run.lock", stream, clock=lambda: now[0])
+    stream, lock = tmp_path / "status.jsonl", tmp_path / "run.lock"
+    watch = TrainerWatch(lock, stream, clock=lambda: now[0])
     writer = StatusWriter(stream, RUN_ID)
     answers = []
     for at in (1.0, 2.0, 4.5, 6.0):
         now[0] = at
         answers.append(watch.check() is not None)
-        if at == 1.0 and wrote:
-            writer.write("heartbeat")  # the holder's line, read by the follow loop
-            watch.saw_lines()
+        if at == 1.0:
+            with RunLock(lock) if locked else contextlib.nullcontext():
+                writer.write("heartbeat")  # the line the follow loop reads
+                watch.saw_lines()
     writer.close()
     assert answers == expected
 
