@@ -318,6 +318,18 @@ MARKER_CODES = frozenset({HISTORY_END, TRAINER_GONE})
 RESTART_FAILED = "restart_failed"
 
 
+def eval_score(fields: Mapping[str, Any]) -> float | None:
+    """What ranks an evaluation (an `eval` event, a checkpoint's eval.json or its listing):
+    its finite `tau`, else (a hybrid target's, never decoded) its finite `tau_tf`, else
+    None. One rule for the box and the console."""
+    for key in ("tau", "tau_tf"):
+        value = fields.get(key)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if number and math.isfinite(value):
+            return float(value)
+    return None
+
+
 def is_marker(line: StatusLine) -> bool:
     return line.kind == "event" and line.fields.get("code") in MARKER_CODES
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from dflash_train import protocol
 from dflash_train.rundir import atomic_write_json
 
 SCORE_FILE = "eval.json"
@@ -38,9 +39,11 @@ def _finite(value: Any) -> bool:
 
 
 def score_value(score: Mapping[str, Any]) -> float:
-    """What ranks a read score: its held-out tau, or (a hybrid target's, decoded never)
-    its teacher-forced one. One run's checkpoints are all of one kind."""
-    return float(score["tau"] if score.get("tau") is not None else score["tau_tf"])
+    """What ranks a read score (protocol.eval_score; read_score kept only scored ones).
+    One run's checkpoints are all of one kind."""
+    value = protocol.eval_score(score)
+    assert value is not None
+    return value
 
 
 def write_score(checkpoint: Path, fields: Mapping[str, Any]) -> None:

@@ -201,8 +201,7 @@ class HeldoutEvaluator:
                 self._prompt_ids = [conversation_prompt_ids(target.tokenizer, c) for c in chosen]
             speculator = self._speculator_for(drafter)
             phases["setup"] = time.monotonic() - began
-            key = self.tokens
-            fresh = sum((key, *p) not in self._greedy for p in self._prompt_ids)
+            fresh = sum((self.tokens, *p) not in self._greedy for p in self._prompt_ids)
             summary = evaluate_batched(
                 speculator,
                 target,

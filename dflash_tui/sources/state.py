@@ -22,6 +22,7 @@ from dflash_train.protocol import (
     Rejected,
     Reply,
     StatusLine,
+    eval_score,
 )
 from dflash_tui.sources.pace import SegmentPace, eta_s
 from dflash_tui.sources.run_history import RECENT_GPU_ROWS, RowGroup, RunHistory, SeriesView
@@ -78,13 +79,9 @@ class HeldoutTau:
 
 
 def listed_score(checkpoint: Mapping[str, Any]) -> float | None:
-    """A checkpoint's held-out score as the box lists it (`status`'s checkpoint_list):
-    its tau, else (a hybrid target's) its teacher-forced tau, else None."""
-    for key in ("tau", "tau_tf"):
-        value = checkpoint.get(key)
-        if _is_number(value):
-            return float(value)
-    return None
+    """A checkpoint's held-out score as the box lists it (`status`'s checkpoint_list), by
+    the box's own rule: its tau, else (a hybrid target's) its teacher-forced tau."""
+    return eval_score(checkpoint)
 
 
 def silence(sent_at: float, last_t: float, now: float) -> float:
@@ -326,9 +323,7 @@ class RunState:
             self.restart_failed = True
         elif line["code"] == "epoch_end" and isinstance(line.get("epoch"), int):
             self.epoch = line["epoch"]
-        elif line["code"] == "eval" and (
-            _is_number(line.get("tau")) or _is_number(line.get("tau_tf"))
-        ):
+        elif line["code"] == "eval" and eval_score(line.fields) is not None:
             self._apply_eval(line)
 
     def _apply_eval(self, line: StatusLine) -> None:
