@@ -74,7 +74,11 @@ def main() -> None:
     parser.add_argument(
         "--tf-rows", type=int, default=0,
         help="also time the teacher-forced pass over this many held-out rows (prompt 40-200"
-        " tokens, answer 256, as prepare's defaults make them)",
+        " tokens, answer 256, as prepare's defaults make them): a row at a time, then batched",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tf-query-tokens", type=lambda v: [int(q) for q in v.split(",")],
+        default=[1024, 4096, 8192, 16384], help="drafter queries a pass, each timed",
     )  # fmt: skip
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -170,13 +174,23 @@ def main() -> None:
             answer = [rng.randrange(3, 49152) for _ in range(256)]
             rows.append((prompt + answer, [0] * len(prompt) + [1] * len(answer)))
         rows = rows[: args.tf_rows]
-        timings = []
-        for _ in range(2):
-            began = time.perf_counter()
-            teacher_forced(target, drafter, rows, 2048)
-            _sync(device)
-            timings.append(round(time.perf_counter() - began, 3))
-        result["teacher_forced"] = {"rows": len(rows), "seconds": timings}
+
+        def timed(**budgets: int) -> list[float]:
+            timings = []
+            for _ in range(2):
+                began = time.perf_counter()
+                teacher_forced(target, drafter, rows, 2048, **budgets)
+                _sync(device)
+                timings.append(round(time.perf_counter() - began, 3))
+            return timings
+
+        # The pass as it was (a row at a time, all its anchors at once), then batched rows
+        # at each queries-a-pass budget.
+        result["teacher_forced"] = {
+            "rows": len(rows),
+            "one_row_at_a_time_s": timed(row_tokens=1, query_tokens=10**9),
+            "batched_s": {q: timed(query_tokens=q) for q in args.tf_query_tokens},
+        }
     if device.type == "cuda":
         result["max_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     emit()

@@ -81,7 +81,10 @@ def train(args: argparse.Namespace, data: Path, run_dir: Path, every: int) -> di
         "steady_tok_s": round(tokens / wall, 1),
         "step_s": round(wall / (last["step"] - first["step"]), 4),
         "evals": [
-            {k: e.get(k) for k in ("step", "seconds", "tau", "tau_tf", "lossless", "dtype")}
+            {
+                k: e.get(k)
+                for k in ("step", "seconds", "tau", "tau_tf", "lossless", "dtype", "phases_s")
+            }
             for e in evals
         ],
         "eval_failed": failed,

@@ -196,3 +196,17 @@ def test_the_launch_form_checks_with_the_option_table() -> None:
         assert str(trainer.value).endswith(str(form.value)), (trainer.value, form.value)
     # ...and takes what it takes (the trainer runs with any positive learning rate).
     assert check_field("lr", "2") == "2"
+
+
+def test_every_subcommand_answers_help() -> None:
+    """`dflash-train COMMAND --help` for every command: argparse expands each help text with
+    %-formatting, so a bare '%' in one ('2 % of the prompts') crashed `prepare --help`."""
+    from dflash_train.cli import SUBCOMMANDS
+
+    for name in SUBCOMMANDS:
+        done = subprocess.run(
+            [sys.executable, "-m", "dflash_train", name, "--help"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, (name, done.stderr[-2000:])
+        assert done.stdout.startswith(f"usage: dflash-train {name}"), (name, done.stdout[:200])

@@ -84,7 +84,7 @@ class PrepareConfig:
         "int",
         None,
         "prompts held out of training, answered into OUT/heldout.jsonl for the run's "
-        "evaluations (default: 2 % of the prompts rounded down, at most 64; with builtin, "
+        "evaluations (default: 2 %% of the prompts rounded down, at most 64; with builtin, "
         "its eval split)",
         minimum=0,
         metavar="N",

@@ -17,6 +17,17 @@ from dflash_train.model.drafter import DFlashDrafter
 from dflash_train.targets.frozen_target import Target
 
 Row = tuple[Sequence[int], Sequence[int]]
+_Counted = tuple[list[int], list[int], int]  # ids, loss mask, anchors
+
+
+# Padded tokens of one target forward, and block queries of one drafter pass. The dense-mask
+# attention's cost grows with the queries times the keys, so a row's anchors go in slices:
+# all of a 2,048-token row's at once were 32,768 queries. Within these bounds rows of like
+# length share a forward: one row at a time was a launch-bound ~46 ms a row on the H200.
+# A CPU wants small passes (its caches: 12 rows of 296-456 tokens took 18.4 s a row at a
+# time, 21.7 s at 8,192 queries a pass, 15.7 s at 1,024); a GPU wants few (its launches).
+ROW_TOKENS = 8192
+QUERY_TOKENS = {"cpu": 1024, "cuda": 8192}
 
 
 @torch.no_grad()
@@ -25,41 +36,53 @@ def teacher_forced(
     drafter: DFlashDrafter,
     rows: Sequence[Row],
     max_length: int,
-    before_row: Callable[[], None] | None = None,
+    before_batch: Callable[[], None] | None = None,
+    *,
+    row_tokens: int = ROW_TOKENS,
+    query_tokens: int | None = None,
 ) -> tuple[list[float], float | None]:
     """Per-slot acceptance (slot j right given slots < j right, as the training tau reads
     it) over every anchor of each answer, and the tau it implies; ([], None) without rows.
-    One row at a time: the target's features of the row, then all its blocks at once.
-    `before_row()` runs before each row (the in-run evaluation raises there to give way)."""
-    from dflash_train.model.dflash_loss import (
-        dflash_forward_loss,
-        sample_anchors,
-        tau_from_slot_acc,
-    )
+    Rows of like length share a right-padded target forward (causal: the padding changes
+    no real position) of at most `row_tokens` tokens; their blocks go through the drafter
+    `query_tokens` queries at a time (QUERY_TOKENS for the device when None).
+    `before_batch()` runs before each forward (the in-run evaluation raises there to give
+    way)."""
+    from dflash_train.model.dflash_loss import dflash_forward_loss, every_anchor, tau_from_slot_acc
     from dflash_train.targets.frozen_target import extract_context
 
     view = with_block_size(drafter, None)  # dense-mask attention: any row length, no compile
     size = drafter.config.block_size
     device = target.device
-    # Summed where they are made, read once at the end: a read per row made the host wait
-    # for the device every row, where it can queue the next row's kernels instead.
+    if query_tokens is None:
+        query_tokens = QUERY_TOKENS.get(device.type, QUERY_TOKENS["cuda"])
+    cut = [(list(ids)[:max_length], list(mask)[:max_length]) for ids, mask in rows]
+    counted = [(ids, mask, anchor_count(mask, size)) for ids, mask in cut]
+    # Longest first, so that a batch's rows are of like length and its padding small.
+    kept = sorted((r for r in counted if r[2]), key=lambda r: len(r[0]), reverse=True)
+    # Summed where they are made, read once at the end: a read per batch made the host wait
+    # for the device, where it can queue the next batch's kernels instead.
     correct = torch.zeros(size - 1, dtype=torch.float64, device=device)
     total = torch.zeros(size - 1, dtype=torch.float64, device=device)
-    for ids, mask in rows:
-        if before_row is not None:
-            before_row()
-        ids, mask = list(ids)[:max_length], list(mask)[:max_length]
-        if not _has_anchor(mask, size):
-            continue
-        seq = torch.tensor([ids], device=device)
-        loss_mask = torch.tensor([mask], device=device)
-        context = extract_context(target, seq, None, list(drafter.config.target_layer_ids))
-        anchors, valid = sample_anchors(loss_mask, len(ids), size)
-        out = dflash_forward_loss(
-            view, target.embed_tokens, target.lm_head, context, seq, loss_mask, anchors, valid
+    for batch in _batches(kept, row_tokens):
+        if before_batch is not None:
+            before_batch()
+        width = len(batch[0][0])
+        seq = torch.tensor([ids + [0] * (width - len(ids)) for ids, _, _ in batch], device=device)
+        loss_mask = torch.tensor(
+            [mask + [0] * (width - len(mask)) for _, mask, _ in batch], device=device
         )
-        correct += out.slot_correct.double()
-        total += out.slot_total.double()
+        lengths = torch.tensor([len(ids) for ids, _, _ in batch], device=device)
+        context = extract_context(target, seq, None, list(drafter.config.target_layer_ids))
+        anchors, valid = every_anchor(loss_mask, lengths, size, max(n for *_, n in batch))
+        step = max(1, query_tokens // (len(batch) * size))
+        for first in range(0, anchors.shape[1], step):
+            out = dflash_forward_loss(
+                view, target.embed_tokens, target.lm_head, context, seq, loss_mask,
+                anchors[:, first : first + step], valid[:, first : first + step],
+            )  # fmt: skip
+            correct += out.slot_correct.double()
+            total += out.slot_total.double()
     correct, total = correct.cpu(), total.cpu()
     if not float(total.sum()):
         return [], None
@@ -67,10 +90,25 @@ def teacher_forced(
     return acc, tau_from_slot_acc(acc)
 
 
-def _has_anchor(mask: Sequence[int], size: int) -> bool:
-    """Whether a row of this loss mask has an anchor (sample_anchors' rule, on the host):
-    a position t with mask[t] and mask[t + 1] set whose block t..t+size-1 fits in the row."""
-    return any(mask[t] and mask[t + 1] for t in range(len(mask) - size + 1))
+def _batches(rows: list[_Counted], row_tokens: int) -> list[list[_Counted]]:
+    """`rows` (longest first) cut into runs whose padded size (rows x the first's length)
+    stays within `row_tokens` and whose rows are at least 7/8 of the first's length: the
+    target's forward over the padding is work for nothing, which a CPU pays in full."""
+    batches: list[list[_Counted]] = []
+    for row in rows:
+        batch = batches[-1] if batches else []
+        width = len(batch[0][0]) if batch else 0
+        if batch and (len(batch) + 1) * width <= row_tokens and 8 * len(row[0]) >= 7 * width:
+            batch.append(row)
+        else:
+            batches.append([row])
+    return batches
+
+
+def anchor_count(mask: Sequence[int], size: int) -> int:
+    """A row's anchors (sample_anchors' rule, on the host): positions t with mask[t] and
+    mask[t + 1] set whose block t..t+size-1 fits in the row."""
+    return sum(1 for t in range(len(mask) - size + 1) if mask[t] and mask[t + 1])
 
 
 def teacher_forced_fields(

@@ -65,6 +65,24 @@ def sample_anchors(
     return torch.where(valid, key, torch.zeros_like(key)), valid
 
 
+def every_anchor(
+    loss_mask: torch.Tensor, lengths: torch.Tensor, block_size: int, count: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every anchor of each row, sorted, as [B, count] (anchors, valid): sample_anchors'
+    rule (loss_mask[t] and loss_mask[t+1], block t..t+block_size-1 inside the row) with row
+    b ending at lengths[b], so right-padded rows get the anchors each has alone. `count`
+    (the most any row has, known on the host) fixes the width without a device read."""
+    length = loss_mask.shape[1]
+    mask = loss_mask.bool()
+    positions = torch.arange(length, device=loss_mask.device)
+    follows = torch.zeros_like(mask)
+    follows[:, :-1] = mask[:, 1:]
+    candidate = mask & follows & (positions <= (lengths[:, None] - block_size))
+    key = torch.where(candidate, positions, positions + length).sort(dim=1).values[:, :count]
+    valid = key < length
+    return torch.where(valid, key, torch.zeros_like(key)), valid
+
+
 def tau_from_slot_acc(acc: Sequence[float]) -> float:
     """Expected acceptance length 1 + sum_k prod_{j<=k} a_j (teacher-forced upper bound)."""
     tau, run = 1.0, 1.0

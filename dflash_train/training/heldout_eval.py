@@ -218,7 +218,7 @@ class HeldoutEvaluator:
         max_length = self.run.config.model.max_length
         forced = time.monotonic()
         slot_acc, tau_tf = teacher_forced(
-            target, drafter, self.heldout.rows, max_length, before_row=self._unless_stopping
+            target, drafter, self.heldout.rows, max_length, before_batch=self._unless_stopping
         )
         phases["teacher_forced"] = time.monotonic() - forced
         if summary is not None:

@@ -264,9 +264,7 @@ async def test_a_hybrid_target_is_scored_teacher_forced_and_its_best_exported(
         header = app.screen.query_one(RunHeader)
         # The header is redrawn on the app's refresh tick, not when the state changes.
         shown = f"held-out τ(tf) {evals[-1]['tau_tf']:.3f} @2"
-        await wait_until(
-            pilot, lambda: app.state.end is not None and shown in str(header.render())
-        )
+        await wait_until(pilot, lambda: app.state.end is not None and shown in str(header.render()))
         loss = app.screen.query_one(LossPane)
         while loss.choice.id != "tau":
             await pilot.press("v")

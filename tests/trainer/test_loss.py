@@ -325,25 +325,32 @@ def test_distillation_mixes_the_targets_distribution_at_the_labels_position(
     assert torch.equal(off.loss, plain.loss)  # distill 0: the teacher is not read
 
 
-def test_the_held_out_passes_host_anchor_rule_is_sample_anchors() -> None:
-    """heldout_figures decides on the host whether a row has an anchor (no device read a
-    row); it must agree with sample_anchors on every kind of mask: short rows, answers too
-    short for a block, masks ending at the row's end."""
-    from dflash_train.decode.heldout_figures import _has_anchor
+def test_the_held_out_passes_anchors_are_sample_anchors_rule() -> None:
+    """The held-out pass counts a row's anchors on the host (no device read a batch) and
+    takes every anchor of right-padded rows at once: both must agree with sample_anchors on
+    each row alone, for every kind of mask (short rows, answers too short for a block,
+    masks ending at the row's end)."""
+    from dflash_train.decode.heldout_figures import anchor_count
+    from dflash_train.model.dflash_loss import every_anchor
 
     generator = torch.Generator().manual_seed(3)
-    masks = [[], [1], [1, 1], [0] * 5 + [1] * 3, [1, 0] * 6]
+    masks = [[1], [1, 1], [0] * 5 + [1] * 3, [1, 0] * 6, [1] * 9]
     for _ in range(200):
         length = int(torch.randint(1, 24, (1,), generator=generator))
         masks.append(torch.randint(0, 2, (length,), generator=generator).tolist())
     seen = set()
-    for mask in masks:
-        for size in (2, 4, 8):
-            want = (
-                bool(sample_anchors(torch.tensor([mask]), len(mask), size)[1].any())
-                if mask
-                else False
-            )
-            assert _has_anchor(mask, size) == want, (mask, size)
-            seen.add(want)
+    for size in (2, 4, 8):
+        alone = [sample_anchors(torch.tensor([m]), len(m), size) for m in masks]
+        counts = [int(valid.sum()) for _, valid in alone]
+        assert [anchor_count(m, size) for m in masks] == counts, size
+        assert anchor_count([], size) == 0
+        seen.update(n > 0 for n in counts)
+        width = max(len(m) for m in masks)
+        padded = torch.tensor([m + [0] * (width - len(m)) for m in masks])
+        lengths = torch.tensor([len(m) for m in masks])
+        anchors, valid = every_anchor(padded, lengths, size, max(counts))
+        for row, (want_anchors, want_valid) in enumerate(alone):
+            got = anchors[row][valid[row]].tolist()
+            assert got == want_anchors[0][want_valid[0]].tolist(), (masks[row], size)
+            assert int(valid[row].sum()) == counts[row]
     assert seen == {True, False}
