@@ -28,8 +28,12 @@ stage_carry() {
   fi
 }
 
-stage_measure() {
+stage_ready() {  # SmolLM2 joined from both parts and converted (prepare_console_h200.sh needs it)
   OUT="$OUT" bash bench/scripts/decode_session.sh ready || { echo "no target"; return 1; }
+}
+
+stage_measure() {
+  stage_ready || return 1
   nvidia-smi --query-gpu=name,clocks.sm,memory.used --format=csv >>"$OUT/log.txt"
   timeout -k 5 "${LIMIT:-520}" python3 bench/eval_cost.py --target-model smollm2 \
     --device cuda:0 --steps "${STEPS:-40}" --eval-every "${EVERY:-20}" \

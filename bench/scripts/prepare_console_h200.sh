@@ -6,7 +6,9 @@
 # after PREP_S seconds (--max-seconds, default 450). About 8.5 minutes.
 # It needs SmolLM2 converted under $DFLASH_CACHE_DIR and `datasets` in /tmp/site: run right
 # after bench/scripts/eval_cost_session.sh's two calls on the same warm machine (its carry
-# stage installed .whl_prep). The console's wheels travel in .whl_tui (pip download --no-deps
+# stage installed .whl_prep), or on a fresh one after its `carry` call, with `ready` first:
+#   carry .weights_decode/gguf/part-1 .whl_tui:
+#     OUT=$OUT bash bench/scripts/eval_cost_session.sh ready && OUT=$OUT bash THIS The console's wheels travel in .whl_tui (pip download --no-deps
 # of textual, rich, markdown-it-py, mdit-py-plugins, mdurl, linkify-it-py, uc-micro-py,
 # platformdirs, plotext, pygments, textual-plotext, tomlkit, nvidia-ml-py, at the versions of
 # the venv here):
@@ -29,7 +31,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"
 RUN=/tmp/prepare_console_run
 DATA=/tmp/prepare_console_data
 rm -rf "$RUN" "$DATA"
-python3 -m dflash_train launch "$RUN" --prepare -- --target-model smollm2 \
+# launch gives the trainer PATH, HOME and LANG only: what else it needs is named.
+python3 -m dflash_train launch "$RUN" --env "PYTHONPATH=$PYTHONPATH" \
+  --env "DFLASH_CACHE_DIR=$DFLASH_CACHE_DIR" --env TOKENIZERS_PARALLELISM=false \
+  --prepare -- --target-model smollm2 \
   --prompts 'builtin*400' --out "$DATA" --devices "${DEVICES:-0}" --max-seconds "${PREP_S:-450}" \
   >"$OUT/launch.json" 2>>"$OUT/log.txt"
 log "launch: $(head -c 600 "$OUT/launch.json")"
