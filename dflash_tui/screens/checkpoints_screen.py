@@ -1,7 +1,8 @@
 """The checkpoints screen (`c`): every checkpoint of the run, from the stream's `checkpoint`
 lines and from the box's own listing (`dflash-train status`): step, when, size, how long
 the save took, its held-out tau (the box's eval.json, else the stream's `eval` event) and
-whether it is complete, still on disk or pruned; the best held-out tau is marked."""
+whether it is complete, still on disk or pruned; the best held-out tau is marked. A score
+that is teacher-forced only (a hybrid target's, never decoded) says so: `1.842 (tf)`."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
-from dflash_train.protocol import StatusLine
-from dflash_tui.sources.state import listed_score
+from dflash_train.protocol import StatusLine, eval_score
+from dflash_tui.sources.state import HeldoutTau, listed_score
 
 COLUMNS = ("step", "written", "size", "save s", "held-out τ", "state", "path")
 BEST_MARK = "★ best"
+TF_MARK = "(tf)"  # the score is the teacher-forced tau: nothing was decoded
 
 
 @dataclass(frozen=True)
@@ -35,12 +37,15 @@ class CheckpointRow:
     path: str
     tau: float | None = None
     best: bool = False
+    teacher_forced: bool = False
 
     def cells(self) -> tuple[str, ...]:
         when = "–" if self.t is None else time.strftime("%m-%d %H:%M:%S", time.localtime(self.t))
         size = "–" if self.size_bytes is None else _size(self.size_bytes)
         seconds = "–" if self.seconds is None else f"{self.seconds:.1f}"
         tau = "–" if self.tau is None else f"{self.tau:.3f}"
+        if self.tau is not None and self.teacher_forced:
+            tau = f"{tau} {TF_MARK}"
         state = f"{self.state} {BEST_MARK}" if self.best else self.state
         return (f"{self.step:,}", when, size, seconds, tau, state, self.path)
 
@@ -56,22 +61,35 @@ def _size(count: int) -> str:
 def checkpoint_rows(
     stream: Sequence[StatusLine],
     listed: Sequence[Mapping[str, Any]] | None,
-    scores: Mapping[int, float] | None = None,
+    scores: Mapping[int, HeldoutTau] | None = None,
 ) -> list[CheckpointRow]:
     """One row per step, newest first. `listed` is the box's listing (None: not asked yet
     or not answered): a checkpoint the stream announced that the box no longer has was
-    pruned (the trainer keeps the newest K, and the best). `scores`: the held-out tau of
-    each evaluated step from the stream; the box's own (eval.json) wins."""
+    pruned (the trainer keeps the newest K, and the best). `scores`: the held-out
+    evaluation of each evaluated step from the stream; the box's own (eval.json) wins."""
     rows = _rows(stream, listed)
     on_box = {int(c["step"]): c for c in listed or () if isinstance(c.get("step"), int)}
-    taus = dict(scores or {})
-    taus |= {s: score for s, c in on_box.items() if (score := listed_score(c)) is not None}
+    taus = {step: held.score for step, held in (scores or {}).items()}
+    forced = {step for step, held in (scores or {}).items() if held.teacher_forced_only}
+    for step, c in on_box.items():
+        if (score := listed_score(c)) is not None:
+            taus[step] = score
+            # The box's rule: no finite decoded tau means the score is the teacher-forced one.
+            if eval_score({"tau": c.get("tau")}) is None:
+                forced.add(step)
+            else:
+                forced.discard(step)
     if any(c.get("best") for c in on_box.values()):
         best = next(step for step, c in on_box.items() if c.get("best"))
     else:
         kept = [r.step for r in rows if r.state != "pruned" and r.step in taus]
         best = max(kept, key=lambda step: (taus[step], step)) if kept else None
-    return [dataclasses.replace(row, tau=taus.get(row.step), best=row.step == best) for row in rows]
+    return [
+        dataclasses.replace(
+            row, tau=taus.get(row.step), best=row.step == best, teacher_forced=row.step in forced
+        )
+        for row in rows
+    ]
 
 
 def _rows(
@@ -113,7 +131,7 @@ class CheckpointsScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,c,q", "close", "Close")]
 
     def __init__(
-        self, stream: Sequence[StatusLine], scores: Mapping[int, float] | None = None
+        self, stream: Sequence[StatusLine], scores: Mapping[int, HeldoutTau] | None = None
     ) -> None:
         super().__init__()
         self.stream = list(stream)

@@ -150,8 +150,7 @@ class MainScreen(Screen[None]):
 
     def action_checkpoints(self) -> None:
         state = self.console.state
-        scores = {step: held.score for step, held in state.heldout_scores.items()}
-        screen = CheckpointsScreen(state.checkpoints, scores)
+        screen = CheckpointsScreen(state.checkpoints, state.heldout_scores)
         self.app.push_screen(screen)
         self.run_worker(self._list_checkpoints(screen), group="status", name="checkpoints")
 

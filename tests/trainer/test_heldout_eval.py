@@ -224,7 +224,7 @@ async def test_a_hybrid_target_is_scored_teacher_forced_and_its_best_exported(
     teacher-forced tau on the held-out answers, an `eval` event with tau null, the
     checkpoint's score, listed by `status`, chosen by `export --best` and shown by the
     console as teacher-forced (header, tau view, checkpoints), not a warning."""
-    from dflash_tui.screens.checkpoints_screen import BEST_MARK
+    from dflash_tui.screens.checkpoints_screen import BEST_MARK, TF_MARK
     from dflash_tui.widgets.header import RunHeader
     from dflash_tui.widgets.loss_plot import LossPane
     from tests.tui.console_harness import console_app, wait_until
@@ -273,7 +273,7 @@ async def test_a_hybrid_target_is_scored_teacher_forced_and_its_best_exported(
         assert "eval_tau" not in loss.drawn  # nothing decoded: no such series
         rows = await _checkpoint_rows(app, pilot)
         assert {step: row[4] for step, row in rows.items()} == {
-            str(e["step"]): f"{e['tau_tf']:.3f}" for e in evals
+            str(e["step"]): f"{e['tau_tf']:.3f} {TF_MARK}" for e in evals
         }
         assert [s for s, row in rows.items() if BEST_MARK in row[5]] == [str(best["step"])]
 
@@ -326,7 +326,7 @@ async def test_the_console_plots_the_held_out_tau_and_marks_the_best_checkpoint(
     """The real console on the real run (local, through the real dflash-train commands):
     `v` to the tau view draws the training tau_tf beside the held-out series at the
     evaluated steps, the header shows the newest held-out tau, `c` marks the best."""
-    from dflash_tui.screens.checkpoints_screen import BEST_MARK
+    from dflash_tui.screens.checkpoints_screen import BEST_MARK, TF_MARK
     from dflash_tui.widgets.header import RunHeader
     from dflash_tui.widgets.loss_plot import LossPane
     from tests.tui.console_harness import console_app, wait_until
