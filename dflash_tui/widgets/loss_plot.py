@@ -60,7 +60,9 @@ class LossPane(Vertical):
             smooth_only=self.smoothing,
         )
         modes = [name for name, on in (("log", self.log_scale), ("smooth", self.smoothing)) if on]
-        if choice.id == "loss":
+        if state.mode == "prepare":
+            text = preparing_note(state)
+        elif choice.id == "loss":
             text = (
                 f"loss [b]{units.number(state.latest('loss'))}[/b]   "
                 f"acc [b]{units.percent(state.latest('acc'))}[/b]   "
@@ -83,6 +85,17 @@ class LossPane(Vertical):
         self.query_one(".pane-summary", Static).update(
             f"{text}   [dim]{view.label()}[/dim]", layout=False
         )
+
+
+PREPARE_THEN_TRAIN = "preparing data: the training starts when every answer is written"
+PREPARE_ONLY = "preparing data only: no training follows (launch one on its --out when done)"
+
+
+def preparing_note(state: RunState) -> str:
+    """What the metrics pane says while a launched prepare runs: it has no training metric
+    yet, and whether one will come in this run (`launch --prepare` with train args)."""
+    then_train = bool(state.config.get("then_train")) if state.config else False
+    return f"[dim]{PREPARE_THEN_TRAIN if then_train else PREPARE_ONLY}[/dim]"
 
 
 def _newest(state: RunState, name: str) -> float | None:

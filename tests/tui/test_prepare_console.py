@@ -15,6 +15,7 @@ from dflash_train import protocol
 from dflash_tui.pane_refresh import header_facts
 from dflash_tui.widgets.header import RunHeader
 from dflash_tui.widgets.hs_queue import HsQueuePane
+from dflash_tui.widgets.loss_plot import PREPARE_ONLY, LossPane
 from dflash_tui.widgets.throughput_plot import ThroughputPane
 from tests.tui.console_harness import console_app, wait_until
 
@@ -50,6 +51,9 @@ async def test_a_launched_prepare_streams_progress_and_reads_preparing(tmp_path:
             await wait_until(pilot, lambda: app.state.prepare is not None, timeout=120)
             await wait_until(pilot, lambda: "answer tok/s" in str(pane.render()), timeout=30)
             assert pane.border_title == "2 prepare"
+            # No training metric in a prepare-only run: the metrics pane says so.
+            metrics = app.screen.query_one(LossPane).query_one(".pane-summary")
+            await wait_until(pilot, lambda: PREPARE_ONLY in str(metrics.render()))
             # The header's ETA is the prepare's own once its lines say how long is left.
             await wait_until(pilot, lambda: app.state.prepare["eta_s"] is not None, timeout=120)
             eta = header_facts(app, app.clock()).eta_s

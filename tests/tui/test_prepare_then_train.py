@@ -16,6 +16,7 @@ from dflash_train import protocol
 from dflash_tui.screens.launch_form import LaunchForm
 from dflash_tui.sources.prepare_launch import launch_argv
 from dflash_tui.widgets.header import RunHeader
+from dflash_tui.widgets.loss_plot import PREPARE_THEN_TRAIN, LossPane
 from tests.tui.console_harness import console_app, press_button, wait_until
 
 TRAIN = {
@@ -66,7 +67,11 @@ async def test_prepare_then_train_is_one_launch(tmp_path: Path) -> None:
             assert launched.index("--prepare") < launched.index("--"), launched
             assert launched.count("--") == 2 and "--samples" in launched
             await wait_until(pilot, lambda: "PREPARING" in str(header.render()), timeout=120)
+            # The metrics pane says the training follows, then shows its loss once it does.
+            metrics = app.screen.query_one(LossPane).query_one(".pane-summary")
+            await wait_until(pilot, lambda: PREPARE_THEN_TRAIN in str(metrics.render()))
             await wait_until(pilot, lambda: app.state.mode == "train", timeout=300)
+            await wait_until(pilot, lambda: "loss" in str(metrics.render()), timeout=120)
             await wait_until(pilot, lambda: app.state.end is not None, timeout=300)
             assert app.state.end["reason"] == "completed" and app.state.step == 2
     finally:
