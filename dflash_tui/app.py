@@ -25,6 +25,7 @@ from dflash_tui.screens.host_key_prompt import HostKeyPrompt
 from dflash_tui.screens.main import MainScreen
 from dflash_tui.screens.reply import ReplyDialog, reply_line
 from dflash_tui.screens.restart_dialog import RestartRequest
+from dflash_tui.sources.advised_split import SPLIT_ADVICE
 from dflash_tui.sources.alerts import Alert, AlertTracker, osc_notification
 from dflash_tui.sources.console_options import ConsoleOptions
 from dflash_tui.sources.gpu_source import GpuSourcePicker
@@ -41,6 +42,8 @@ EVENTS_KEPT = 5000
 # An alert's toast stays until dismissed (d, or a click); a reply's goes after a while.
 ALERT_TOAST_S = 7 * 24 * 3600.0
 REPLY_TOAST_S = 8.0
+# The trainer's split advice comes at most every 10 minutes: its toast outlasts a glance away.
+ADVICE_TOAST_S = 120.0
 # How often a silent or crashed run is checked with `dflash-train status`.
 STATUS_EVERY_S = 30.0
 
@@ -92,6 +95,7 @@ class DflashApp(App[None]):
         self.escapes_written: deque[str] = deque(maxlen=20)
         self.bells = 0
         self.toasts: deque[tuple[str, str]] = deque(maxlen=50)  # (title, message)
+        self._advice_offered: tuple[str | None, int] | None = None  # (run id, seq)
 
     # -- wiring ----------------------------------------------------------------------
 
@@ -187,9 +191,12 @@ class DflashApp(App[None]):
         elif line.kind == "event" and line["code"] == "wandb_run":
             url = line.get("url")
             self.wandb_url = url if isinstance(url, str) and url else None
+        elif line.kind == "event" and line["code"] == SPLIT_ADVICE and not line.get("history"):
+            self.offer_split_advice()
         elif history_end:
             # The whole past is in: draw every pane now rather than at its next turn.
             self.request_redraw()
+            self.offer_split_advice()  # advice the past holds since its latest run_start
             state = self.state
             if state.last_time is not None and state.last_arrival is not None:
                 # A GPU reading sent on attach is as old as its line, not "0 s old".
@@ -393,6 +400,19 @@ class DflashApp(App[None]):
                 )
             )
         self.request_redraw()
+
+    def offer_split_advice(self) -> None:
+        """The trainer's current split advice as a toast, once per advice (a reconnect's
+        history sends it again)."""
+        advice = self.state.split_advice
+        if advice is None or self._advice_offered == (self.state.run_id, advice.seq):
+            return
+        self._advice_offered = (self.state.run_id, advice.seq)
+        text = advice.summary()
+        if not self.read_only:
+            key = keymap.shown_key(keymap.entry("split_advice"), self.remapped_keys)
+            text += f" — press {key} to restart with it"
+        self.toast(text, title="split advice", timeout=ADVICE_TOAST_S)
 
     def write_escape(self, sequence: str) -> None:
         """Bytes for the terminal itself (as `bell()` writes BEL), never drawn."""

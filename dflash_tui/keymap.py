@@ -41,6 +41,9 @@ KEYMAP: tuple[KeyAction, ...] = (
               mutating=True),
     KeyAction("restart", "R", "restart", "Restart",
               "stop and start again: resume or fresh, with overrides", mutating=True),
+    KeyAction("split_advice", "a", "restart_with_advice", "Advice",
+              "restart with the trainer's split advice: the restart dialog, its targets:drafters "
+              "GPUs filled in", mutating=True, show=False),
     KeyAction("stop", "S", "stop", "Stop", "stop the run (checkpoint first), after a confirmation",
               mutating=True),
     KeyAction("min_ready", "m", "min_ready", "Min-ready",
@@ -86,6 +89,10 @@ MUTATING_ACTIONS = frozenset(k.action for k in KEYMAP if k.mutating)
 # Shown first in the footer: a narrow terminal cuts the footer from the right, and these
 # two must stay in sight (seen at 80 columns: both were cut).
 FOOTER_FIRST = ("help", "quit")
+
+
+def entry(short_id: str) -> KeyAction:
+    return next(k for k in KEYMAP if k.id == short_id)
 
 
 def bindings() -> list[Binding]:

@@ -24,6 +24,7 @@ from dflash_tui.screens.log_screen import LogScreen
 from dflash_tui.screens.min_ready_prompt import MinReadyPrompt
 from dflash_tui.screens.restart_dialog import RestartDialog, RestartRequest
 from dflash_tui.screens.run_details import RunDetailsScreen
+from dflash_tui.sources.advised_split import split_overrides
 from dflash_tui.sources.run_history import RANGES
 from dflash_tui.widgets.events_log import EventsLog
 from dflash_tui.widgets.gpu_heatmap import GpuHeatmap
@@ -203,7 +204,27 @@ class MainScreen(Screen[None]):
     def action_restart(self) -> None:
         # No overrides offered: the box keeps the live-set values itself (restart's
         # `carried`), so a plain restart changes nothing the operator did not ask for.
-        dialog = RestartDialog(self.console.run_label(), self.console.live_settings())
+        self._open_restart()
+
+    def action_restart_with_advice(self) -> None:
+        state = self.console.state
+        advice = state.split_advice
+        if advice is None:
+            self.console.toast(
+                "no split advice from the trainer since the run (re)started", timeout=4
+            )
+            return
+        try:
+            overrides = split_overrides(state.topology, advice.targets, advice.drafters)
+        except ValueError as exc:
+            self.console.toast(f"split advice {advice.ratio}: {exc}", severity="warning")
+            return
+        self._open_restart(overrides)
+
+    def _open_restart(self, overrides: str = "") -> None:
+        dialog = RestartDialog(
+            self.console.run_label(), self.console.live_settings(), overrides=overrides
+        )
 
         def go(request: RestartRequest | None) -> None:
             if request is not None:

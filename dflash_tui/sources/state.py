@@ -24,6 +24,7 @@ from dflash_train.protocol import (
     StatusLine,
     eval_score,
 )
+from dflash_tui.sources.advised_split import SPLIT_ADVICE, AdvisedSplit, read_advice
 from dflash_tui.sources.pace import SegmentPace, eta_s
 from dflash_tui.sources.run_history import RECENT_GPU_ROWS, RowGroup, RunHistory, SeriesView
 
@@ -164,6 +165,9 @@ class RunState:
         self.crashed_by_status = False
         # The box said the restart that ended this run did not bring its next trainer up.
         self.restart_failed = False
+        # The trainer's newest split advice since the latest run_start (a trainer started
+        # since was not the one advised).
+        self.split_advice: AdvisedSplit | None = None
         self.lines_applied = 0
         self.pace = SegmentPace()
 
@@ -215,6 +219,7 @@ class RunState:
         self.end = None
         self.crashed_by_status = False
         self.restart_failed = False
+        self.split_advice = None
         config = line["config"]
         self.config = config
         self.topology = line["topology"]
@@ -321,6 +326,8 @@ class RunState:
                 self.settings[key] = int(value)
         elif line["code"] == RESTART_FAILED:
             self.restart_failed = True
+        elif line["code"] == SPLIT_ADVICE:
+            self.split_advice = read_advice(line) or self.split_advice
         elif line["code"] == "epoch_end" and isinstance(line.get("epoch"), int):
             self.epoch = line["epoch"]
         elif line["code"] == "eval" and eval_score(line.fields) is not None:
