@@ -326,7 +326,7 @@ async def test_the_console_plots_the_held_out_tau_and_marks_the_best_checkpoint(
     """The real console on the real run (local, through the real dflash-train commands):
     `v` to the tau view draws the training tau_tf beside the held-out series at the
     evaluated steps, the header shows the newest held-out tau, `c` marks the best."""
-    from dflash_tui.screens.checkpoints_screen import BEST_MARK, TF_MARK
+    from dflash_tui.screens.checkpoints_screen import BEST_MARK
     from dflash_tui.widgets.header import RunHeader
     from dflash_tui.widgets.loss_plot import LossPane
     from tests.tui.console_harness import console_app, wait_until
