@@ -334,16 +334,23 @@ def is_marker(line: StatusLine) -> bool:
     return line.kind == "event" and line.fields.get("code") in MARKER_CODES
 
 
-def trainer_gone_marker(run: str, seq: int, pid: int | None) -> bytes:
-    """Stamped with the box's clock when `tail` found the lock free and no run_end."""
+def trainer_gone_marker(
+    run: str, seq: int, pid: int | None, *, run_dir_gone: bool = False
+) -> bytes:
+    """Stamped with the box's clock when `tail` found the lock free and no run_end, or
+    (`run_dir_gone`) the run directory itself deleted under its trainer."""
     who = f"the trainer (pid {pid})" if pid is not None else "the trainer"
+    if run_dir_gone:
+        why = f"the run directory was deleted: {who} stops itself without a run_end"
+    else:
+        why = f"{who} is gone: run.lock is free and the stream has no run_end"
     text = encode_line(
         "event",
         seq=seq,
         run=run,
         level="error",
         code=TRAINER_GONE,
-        message=f"{who} is gone: run.lock is free and the stream has no run_end",
+        message=why,
         pid=pid,
         marker=True,
     )

@@ -44,14 +44,25 @@ def tail_stream(
     follower = StreamFollower(path, from_seq=from_seq, run=run)
     watch = TrainerWatch(lock, path) if lock is not None else None
     try:
+        if watch is not None:
+            watch.saw_lines()  # a holder alive as the tail starts is watched from here on
         if history_points is not None:
             _write_history(path, out, follower, history_points, whole=from_seq < 0 and not run)
         else:
-            _write(out, follower.poll())
+            lines = follower.poll()
+            first = next(lines, None)
+            if first is not None:
+                if watch is not None:
+                    # Probed again once lines are read and before they are sent: a writer
+                    # that took the lock after the first probe is alive now, and a reader
+                    # that acts on these lines (kills, deletes) acts after this probe.
+                    watch.saw_lines()
+                _write(out, itertools.chain([first], lines))
         out.flush()
         while follow:
             # Looked at while lines flow too: the watch must see the holder alive first.
-            marker = watch.check() if watch is not None else None
+            sent = (follower.run, follower.cursor) if follower.run is not None else None
+            marker = watch.check(sent) if watch is not None else None
             if marker is not None:
                 _write(out, iter([marker]))
                 out.flush()

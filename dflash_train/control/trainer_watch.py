@@ -1,7 +1,8 @@
 """While `tail --follow` waits for lines, it watches the run lock: a trainer killed without
 a run_end (SIGKILL, the OOM killer, a segfault) frees the lock at once, and the console
 hears of it on the channel it already reads, as a `trainer_gone` marker, instead of after
-a minute of silence."""
+a minute of silence. So does a run directory deleted under its trainer (the lock file goes
+with it; the trainer notices and exits, writing nothing there)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ class TrainerWatch:
         self._free_since: float | None = None
         self._judged = True  # nothing to judge until a holder is seen
         self._probed_at = -PROBE_EVERY_S
+        self._holder: int | None = None  # the pid the lock file named when seen held
 
     def saw_lines(self) -> None:
         """New lines came while following, not yet sent: while no holder has been seen,
@@ -50,26 +52,37 @@ class TrainerWatch:
         lock after one probe and is killed (once its line has come) before the next is
         still seen alive. A writer without the lock (a test's synthetic stream) is not."""
         if self._judged and lock_is_held(self.lock):
-            self._free_since, self._judged = None, False
+            self._seen_held()
             self._probed_at = self.clock()
 
-    def check(self) -> bytes | None:
+    def _seen_held(self) -> None:
+        if self._judged or self._free_since is not None:  # a new spell: who holds it now
+            self._holder = lock_holder_pid(self.lock)
+        self._free_since, self._judged = None, False
+
+    def check(self, last: tuple[str, int] | None = None) -> bytes | None:
+        """`last`: the run and seq of the newest line the tail sent, for the marker when
+        the stream went with its run directory."""
         now = self.clock()
         if now - self._probed_at < PROBE_EVERY_S:
             return None
         self._probed_at = now
         if lock_is_held(self.lock):
-            self._free_since, self._judged = None, False
+            self._seen_held()
             return None
         if self._free_since is None:
             self._free_since = now
         if self._judged or now - self._free_since < self.grace_s:
             return None
         self._judged = True  # one look per spell: a finished run's tail reads no more
-        last = last_record(self.stream)
-        if last is None or _ended(self.stream):
+        newest = last_record(self.stream)
+        if newest is None:
+            if last is None or self.stream.parent.exists():
+                return None
+            return protocol.trainer_gone_marker(*last, self._holder, run_dir_gone=True)
+        if _ended(self.stream):
             return None
-        return protocol.trainer_gone_marker(last.run, last.seq, lock_holder_pid(self.lock))
+        return protocol.trainer_gone_marker(newest.run, newest.seq, lock_holder_pid(self.lock))
 
 
 def _ended(stream: Path) -> bool:

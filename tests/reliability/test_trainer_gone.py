@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -160,6 +161,109 @@ def test_tail_sends_the_marker_once_for_a_dead_holder_and_none_after_run_end(
     # Events the control plane appends after the run_end, under the run lock (an
     # evaluation by hand, a failed restart): that holder leaving is no trainer gone.
     assert watch_answers(tmp_path / "appended", ends=True, appended=True) == [False] * 6
+
+
+def test_tail_says_so_when_the_run_dir_is_deleted_under_its_trainer(tmp_path: Path) -> None:
+    """The lock file goes with the run dir, so the lock reads free; the stream is gone too,
+    so there is no newest line to stamp the marker with: it carries the newest the tail
+    sent, the pid the lock named while held, and says the run dir was deleted (before this,
+    the console read RUNNING for a minute, then STALLED, of a run that was gone)."""
+    run_dir = tmp_path / "run"
+    trainer = start_live_run(run_dir, RUN_ID, interval=0.05)
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "dflash_train", "tail", str(run_dir), "--follow", "--poll", "0.1"],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        assert tail.stdout is not None
+        read = LineReader(tail.stdout.fileno())
+        written = None
+        while written is None:  # the live run's first line, read straight from its file
+            written = last_record(run_dir / "status.jsonl")
+        while True:  # a line through the follow loop: the watch has seen the holder alive
+            line = protocol.decode_line(read())
+            assert isinstance(line, protocol.StatusLine), line
+            if line.seq > written.seq:
+                break
+        shutil.rmtree(run_dir)
+        deleted_at = time.monotonic()
+        sent = line
+        while True:
+            line = protocol.decode_line(read())
+            assert isinstance(line, protocol.StatusLine), line
+            if protocol.is_marker(line):
+                break
+            # The writer goes on into its unlinked file, and the tail reads on from it.
+            assert time.monotonic() - deleted_at < 30, "no marker 30 s after the deletion"
+            sent = line
+        assert line["code"] == protocol.TRAINER_GONE and line["level"] == "error"
+        assert (line.run, line.seq) == (RUN_ID, sent.seq)
+        assert line["pid"] == trainer.pid
+        assert line["message"] == (
+            f"the run directory was deleted: the trainer (pid {trainer.pid}) stops itself "
+            "without a run_end"
+        )
+    finally:
+        ended(trainer)
+        tail.kill()
+        tail.wait(10)
+
+
+class LineReader:
+    """Lines from a pipe, each within `timeout` seconds, else the test fails (a marker that
+    never comes must not hang the suite on readline)."""
+
+    def __init__(self, fd: int, timeout: float = 60.0) -> None:
+        self.fd, self.timeout, self.pending = fd, timeout, b""
+
+    def __call__(self) -> bytes:
+        deadline = time.monotonic() + self.timeout
+        while b"\n" not in self.pending:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self.fd], [], [], max(0.0, left))
+            assert ready, f"no line from the tail within {self.timeout:.0f} s"
+            chunk = os.read(self.fd, 65536)
+            assert chunk, "the tail closed its output"
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return line
+
+
+def test_the_watch_names_a_deleted_run_dir_once_and_a_missing_stream_never(
+    tmp_path: Path,
+) -> None:
+    now = [0.0]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    stream, lock = run_dir / "status.jsonl", run_dir / "run.lock"
+    watch = TrainerWatch(lock, stream, clock=lambda: now[0])
+    writer = StatusWriter(stream, RUN_ID)
+    writer.write("heartbeat")
+    answers = []
+    with RunLock(lock):
+        for at in (1.0, 2.0):
+            now[0] = at
+            answers.append(watch.check((RUN_ID, 0)))
+        shutil.rmtree(run_dir)
+        for at in (3.0, 5.5, 7.0):
+            now[0] = at
+            answers.append(watch.check((RUN_ID, 0)))
+    writer.close()
+    assert answers[:3] == [None, None, None] and answers[4] is None
+    marker = protocol.decode_line(answers[3] or b"")
+    assert isinstance(marker, protocol.StatusLine) and marker["pid"] == os.getpid()
+    assert marker["message"].startswith("the run directory was deleted")
+    # A stream not written yet in a run dir that is there: nothing to judge.
+    other = tmp_path / "other"
+    other.mkdir()
+    quiet = TrainerWatch(other / "run.lock", other / "status.jsonl", clock=lambda: now[0])
+    with RunLock(other / "run.lock"):
+        now[0] = 10.0
+        assert quiet.check((RUN_ID, 0)) is None
+    for at in (13.0, 16.0):  # free, then free past the grace period
+        now[0] = at
+        assert quiet.check((RUN_ID, 0)) is None
 
 
 @pytest.mark.parametrize(
