@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -23,7 +23,6 @@ import pytest
 from dflash_train import protocol
 from dflash_train.control.trainer_watch import TrainerWatch
 from dflash_train.rundir import RunLock
-from dflash_train.stream.reader import last_record
 from dflash_train.stream.writer import StatusWriter
 from dflash_train.training.process import EXIT_ORPHANED
 from dflash_tui.app import ConsoleOptions, DflashApp
@@ -115,33 +114,11 @@ def test_tail_sends_the_marker_once_for_a_dead_holder_and_none_after_run_end(
     tmp_path: Path,
 ) -> None:
     run_dir = tmp_path / "run"
-    trainer = start_live_run(run_dir, RUN_ID, interval=0.05)
-    tail = subprocess.Popen(
-        [sys.executable, "-m", "dflash_train", "tail", str(run_dir), "--follow", "--poll", "0.1"],
-        stdout=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-    )
-    try:
-        assert tail.stdout is not None
-        first = protocol.decode_line(tail.stdout.readline())
-        assert isinstance(first, protocol.StatusLine) and first.kind == "run_start"
-        # The watch judges only a holder it saw alive: kill once a line has come through
-        # the tail's follow loop (its first read was done before run_start reached us),
-        # which probes the lock before sending a line while no holder has been seen (with
-        # only the periodic probe, a lock taken after one probe and freed before the next
-        # went unseen on a loaded machine, and the test waited on readline for 600 s).
-        written = last_record(run_dir / "status.jsonl")
-        assert written is not None
-        seen = written.seq
-        while True:
-            line = protocol.decode_line(tail.stdout.readline())
-            assert isinstance(line, protocol.StatusLine), line
-            if line.seq > seen:
-                break
+    with followed_live_run(run_dir) as (trainer, read):
         os.kill(trainer.pid, signal.SIGKILL)
         trainer.wait(10)
         while True:
-            line = protocol.decode_line(tail.stdout.readline())
+            line = protocol.decode_line(read())
             assert isinstance(line, protocol.StatusLine), line
             if protocol.is_marker(line):
                 break
@@ -149,10 +126,6 @@ def test_tail_sends_the_marker_once_for_a_dead_holder_and_none_after_run_end(
         assert line["pid"] == trainer.pid and line["level"] == "error"
         last = protocol.decode_line((run_dir / "status.jsonl").read_bytes().splitlines()[-1])
         assert isinstance(last, protocol.StatusLine) and line.seq == last.seq
-    finally:
-        ended(trainer)
-        tail.kill()
-        tail.wait(10)
 
     # Without a run_end the marker comes once the lock the watch saw held is free past the
     # grace period, and once only; a trainer that wrote its run_end first is not gone.
@@ -169,26 +142,10 @@ def test_tail_says_so_when_the_run_dir_is_deleted_under_its_trainer(tmp_path: Pa
     sent, the pid the lock named while held, and says the run dir was deleted (before this,
     the console read RUNNING for a minute, then STALLED, of a run that was gone)."""
     run_dir = tmp_path / "run"
-    trainer = start_live_run(run_dir, RUN_ID, interval=0.05)
-    tail = subprocess.Popen(
-        [sys.executable, "-m", "dflash_train", "tail", str(run_dir), "--follow", "--poll", "0.1"],
-        stdout=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-    )
-    try:
-        assert tail.stdout is not None
-        read = LineReader(tail.stdout.fileno())
-        written = None
-        while written is None:  # the live run's first line, read straight from its file
-            written = last_record(run_dir / "status.jsonl")
-        while True:  # a line through the follow loop: the watch has seen the holder alive
-            line = protocol.decode_line(read())
-            assert isinstance(line, protocol.StatusLine), line
-            if line.seq > written.seq:
-                break
+    with followed_live_run(run_dir) as (trainer, read):
         shutil.rmtree(run_dir)
         deleted_at = time.monotonic()
-        sent = line
+        sent = None
         while True:
             line = protocol.decode_line(read())
             assert isinstance(line, protocol.StatusLine), line
@@ -198,12 +155,31 @@ def test_tail_says_so_when_the_run_dir_is_deleted_under_its_trainer(tmp_path: Pa
             assert time.monotonic() - deleted_at < 30, "no marker 30 s after the deletion"
             sent = line
         assert line["code"] == protocol.TRAINER_GONE and line["level"] == "error"
-        assert (line.run, line.seq) == (RUN_ID, sent.seq)
+        assert sent is not None and (line.run, line.seq) == (RUN_ID, sent.seq)
         assert line["pid"] == trainer.pid
         assert line["message"] == (
             f"the run directory was deleted: the trainer (pid {trainer.pid}) stops itself "
             "without a run_end"
         )
+
+
+@contextlib.contextmanager
+def followed_live_run(run_dir: Path) -> Iterator[tuple[subprocess.Popen[bytes], LineReader]]:
+    """A live run and `tail --follow` of it, past the run_start the tail sent. The tail
+    probes the run lock before it sends lines, so its watch has seen this holder alive (a
+    holder it never saw is not judged: acting before that once hung readline for 600 s)."""
+    trainer = start_live_run(run_dir, RUN_ID, interval=0.05)
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "dflash_train", "tail", str(run_dir), "--follow", "--poll", "0.1"],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        assert tail.stdout is not None
+        read = LineReader(tail.stdout.fileno())
+        first = protocol.decode_line(read())
+        assert isinstance(first, protocol.StatusLine) and first.kind == "run_start", first
+        yield trainer, read
     finally:
         ended(trainer)
         tail.kill()
