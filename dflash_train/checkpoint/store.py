@@ -279,13 +279,18 @@ class LoadedCheckpoint:
     rng: dict[str, Any]
 
 
+def read_state(path: Path) -> TrainState:
+    """A checkpoint's loop position alone (no tensors): what a resume plans its steps by."""
+    return TrainState.from_dict(json.loads((path / STATE_FILE).read_text(encoding="utf-8")))
+
+
 def load_checkpoint(path: Path) -> LoadedCheckpoint:
     """Read the trainer's parts of a checkpoint (the drafter is read with load_drafter)."""
     import torch
 
     if not is_complete(path):
         raise ValueError(f"{path} is not a complete checkpoint")
-    state = TrainState.from_dict(json.loads((path / STATE_FILE).read_text(encoding="utf-8")))
+    state = read_state(path)
     # weights_only=False: the files are our own and hold Python RNG tuples and numpy state.
     return LoadedCheckpoint(
         path=path,

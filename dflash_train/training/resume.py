@@ -1,16 +1,19 @@
 """Resuming a training run: which checkpoint (`latest` is this run id's newest; a path may
 be another run's), checked against the run's config before anything heavy loads and again
 against the loaded target's real shape, then the drafter, optimizer, schedule, RNG and
-position restored."""
+position restored; the steps the run has left are planned from that position at this run's
+rank count."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dflash_train.checkpoint import layout as checkpoint_layout
 from dflash_train.checkpoint import store as checkpoints
+from dflash_train.pipeline.distributed import shard_positions
 from dflash_train.training.loop import Progress
 
 if TYPE_CHECKING:
@@ -49,6 +52,29 @@ def check_resumed_shape(run: TrainingRun, config: DFlashConfig) -> None:
     checkpoint_layout.check_compatible(
         f"checkpoint {path}", checkpoint_layout.checkpoint_facts(path), wanted
     )
+
+
+def planned_steps(
+    plan: Callable[[int], Sequence[Sequence[int]]],
+    epochs: int,
+    world_size: int,
+    start: checkpoints.TrainState | None = None,
+) -> int:
+    """The step the run ends at: each step takes one batch per drafter rank (every rank the
+    same count, shard_positions). Batch counts differ a little between epochs (buckets are
+    cut afresh each time). From a checkpoint it is the checkpoint's step plus the steps its
+    untrained batches take at this run's rank count, which can differ from the count that
+    saved it (a restart with another targets:drafters split): counting the whole run at the
+    new count instead would end a run that gained ranks before its data was trained on, and
+    run one that lost ranks past its learning-rate schedule's end."""
+    if start is None:
+        return sum(len(shard_positions(range(len(plan(e))), 0, world_size)) for e in range(epochs))
+    if start.epoch >= epochs:
+        return start.step
+    done = set(start.consumed)
+    left = [p for p in range(len(plan(start.epoch))) if p not in done]
+    later = planned_steps(lambda e: plan(start.epoch + 1 + e), epochs - start.epoch - 1, world_size)
+    return start.step + len(shard_positions(left, 0, world_size)) + later
 
 
 def resume(run: TrainingRun, path: Path) -> None:

@@ -21,7 +21,7 @@ from dflash_train.pipeline.compile_warm_up import (
     warm_up_shapes,
 )
 from dflash_train.pipeline.control_watch import ControlWatcher, read_control_rev
-from dflash_train.pipeline.distributed import RankGroup, RankInfo, shard_devices, shard_positions
+from dflash_train.pipeline.distributed import RankGroup, RankInfo, shard_devices
 from dflash_train.pipeline.monitor import MonitorIntervals, MonitorThread
 from dflash_train.pipeline.pool import HiddenStatePool
 from dflash_train.pipeline.progress_line import ProgressLine, step_figures
@@ -184,11 +184,9 @@ class TrainingRun:
         self.batches_per_epoch = len(first)
         self.batch_stats = batch_plan_stats(self.dataset.lengths, first, config.model.max_length)
         print(self.batch_stats.describe(), file=sys.stderr)
-        # Batch counts differ a little between epochs (buckets are cut afresh each time).
-        world = self.rank.world_size
-        self.total_steps = sum(
-            len(shard_positions(range(len(self.plan(e))), 0, world))
-            for e in range(config.optimiser.epochs)
+        start = checkpoints.read_state(self.resume_path) if self.resume_path else None
+        self.total_steps = resume.planned_steps(
+            self.plan, config.optimiser.epochs, self.rank.world_size, start
         )
         if config.optimiser.max_steps is not None:
             self.total_steps = min(self.total_steps, config.optimiser.max_steps)

@@ -1,5 +1,6 @@
 """Two drafter ranks on the CPU: `train --drafter-gpus cpu,cpu` starts the second rank
-itself, DDP runs over gloo, the batches are split, and only rank 0 writes."""
+itself, DDP runs over gloo, the batches are split, and only rank 0 writes; a checkpoint of
+one rank count resumes at another."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from dflash_train import protocol
+from dflash_train.checkpoint.store import TrainState
 from dflash_train.config.recipes import CPU_TINY
+from dflash_train.training.resume import planned_steps
 from dflash_train.training.run import gpu_roles
 
 
@@ -84,3 +88,79 @@ def test_rank_prefix_marks_every_line_once_however_it_is_written() -> None:
         stream.write(piece)  # print() writes the text and the newline apart
     assert sink.getvalue() == "[rank 2] a\n[rank 2] b\n[rank 2] c\n[rank 2] d\n[rank 2] \n"
     assert stream.getvalue() == sink.getvalue()  # everything else goes to the real stream
+
+
+def _train(run_dir: Path, data: Path, ranks: int, *extra: str) -> list[protocol.StatusLine]:
+    """A sync run of `ranks` drafter ranks (and as many target replicas) on the CPU; the
+    lines the run added to its stream."""
+    stream = run_dir / "status.jsonl"
+    before = len(stream.read_bytes().splitlines()) if stream.exists() else 0
+    devices = ",".join(["cpu"] * ranks)
+    argv = [
+        sys.executable, "-m", "dflash_train", "train",
+        "--target-model", "random:tiny",
+        "--data-dir", str(data),
+        "--output-dir", str(run_dir),
+        *CPU_TINY.argv(),
+        "--drafter-gpus", devices,
+        "--target-gpus", devices,
+        "--pipeline", "sync",
+        "--epochs", "1",
+        "--run-id", "split0001",
+        *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [protocol.decode_line(raw) for raw in stream.read_bytes().splitlines()[before:]]
+    assert all(isinstance(line, protocol.StatusLine) for line in lines)
+    return lines  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)], ids=["2-to-1", "1-to-2"])
+def test_a_resume_with_another_rank_count_trains_the_rest_of_the_epoch_once(
+    tmp_path: Path, prepared_data_dir: Path, before: int, after: int
+) -> None:
+    """A restart with another targets:drafters split (the console's split advice) resumes
+    a checkpoint saved at another rank count: the run plans the steps its untrained batches
+    take at the new count. Counting the whole epoch at the new count instead ended a run
+    that gained a rank a step early, its last batches never trained (1-to-2), and gave one
+    that lost a rank a total it never reached (2-to-1)."""
+    run_dir = tmp_path / "run"
+    first = _train(run_dir, prepared_data_dir, before, "--max-steps", "2", "--save-every", "2")
+    batches = first[0]["batches_per_epoch"]
+    assert first[-1]["reason"] == "completed" and batches >= 6
+    resumed = _train(run_dir, prepared_data_dir, after, "--resume-from", "latest")
+    start = resumed[0]
+    assert start.kind == "run_start" and start["resumed_from"].endswith("step_0000002")
+    assert start["topology"]["world_size"] == after
+    # 2 steps at the old count trained 2 * before batches; the rest, `after` a step.
+    planned = 2 + (batches - 2 * before) // after
+    assert start["total_steps"] == planned
+    steps = [line["step"] for line in resumed if line.kind == "step"]
+    assert steps == list(range(3, planned + 1))
+    assert resumed[-1].kind == "run_end" and resumed[-1]["reason"] == "completed"
+
+
+def test_planned_steps_from_a_checkpoint_at_the_same_count_equal_the_whole_plan() -> None:
+    """At an unchanged rank count the resumed plan is the unbroken run's, whatever the
+    position (each step took one batch per rank); at another count, the rest re-shared."""
+    sizes = {0: 7, 1: 9, 2: 8}
+
+    def plan(epoch: int) -> list[list[int]]:
+        return [[i] for i in range(sizes[epoch])]
+
+    for world in (1, 2, 3):
+        whole = planned_steps(plan, 3, world)
+        assert whole == sum(n // world for n in sizes.values())
+        step = 0
+        for epoch in range(3):
+            for k in range(sizes[epoch] // world + 1):
+                consumed = list(range(k * world))[::-1]  # order does not matter
+                state = TrainState(step + k, epoch, consumed, 0, "r")
+                assert planned_steps(plan, 3, world, state) == whole, (world, epoch, k)
+            step += sizes[epoch] // world
+    at_two = TrainState(3, 1, [0, 5, 2, 7, 1, 8], 0, "r")  # 3 steps of 2 into epoch 1
+    assert planned_steps(plan, 3, 1, at_two) == 3 + 3 + 8
+    assert planned_steps(plan, 3, 4, at_two) == 3 + 0 + 2
+    assert planned_steps(plan, 1, 2, at_two) == 3  # epochs cut below the position
