@@ -21,37 +21,19 @@ from dflash_train.training.run import gpu_roles
 
 def test_two_gloo_ranks_train_and_rank0_writes(tmp_path: Path, prepared_data_dir: Path) -> None:
     run_dir = tmp_path / "run"
-    argv = [
-        sys.executable, "-m", "dflash_train", "train",
-        "--target-model", "random:tiny",
-        "--data-dir", str(prepared_data_dir),
-        "--output-dir", str(run_dir),
-        *CPU_TINY.argv(),
-        "--drafter-gpus", "cpu,cpu",
-        "--target-gpus", "cpu,cpu",
-        "--pipeline", "sync",
-        "--max-steps", "3",
-        "--save-every", "2",
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stderr.count("run_end: completed at step 3") == 2  # both ranks finished
+    lines, stderr = _train(run_dir, prepared_data_dir, 2, "--max-steps", "3", "--save-every", "2")
+    assert stderr.count("run_end: completed at step 3") == 2  # both ranks finished
     # Rank 1's messages say whose they are (both ranks write to the same train.log).
-    assert "[rank 1] run_end: completed at step 3" in done.stderr.splitlines()
-    assert "run_end: completed at step 3" in done.stderr.splitlines()
-    lines = [
-        protocol.decode_line(raw) for raw in (run_dir / "status.jsonl").read_bytes().splitlines()
-    ]
-    assert all(isinstance(line, protocol.StatusLine) for line in lines)
-    kinds = [line.kind for line in lines]  # type: ignore[union-attr]
+    assert "[rank 1] run_end: completed at step 3" in stderr.splitlines()
+    assert "run_end: completed at step 3" in stderr.splitlines()
+    kinds = [line.kind for line in lines]
     assert kinds.count("run_start") == 1 and kinds.count("run_end") == 1
     start = lines[0]
     topology = start["topology"]
     assert topology["world_size"] == 2 and topology["drafter"] == ["cpu", "cpu"]
     # The whole run's devices, not rank 0's share (rank 0 got one of the two targets).
     assert topology["target"] == ["cpu", "cpu"]
-    steps = [line for line in lines if line.kind == "step"]  # type: ignore[union-attr]
+    steps = [line for line in lines if line.kind == "step"]
     assert [s["step"] for s in steps] == [1, 2, 3]
     assert lines[-1]["reason"] == "completed"
     # Each rank takes half of every epoch's batches.
@@ -90,9 +72,11 @@ def test_rank_prefix_marks_every_line_once_however_it_is_written() -> None:
     assert stream.getvalue() == sink.getvalue()  # everything else goes to the real stream
 
 
-def _train(run_dir: Path, data: Path, ranks: int, *extra: str) -> list[protocol.StatusLine]:
-    """A sync run of `ranks` drafter ranks (and as many target replicas) on the CPU; the
-    lines the run added to its stream."""
+def _train(
+    run_dir: Path, data: Path, ranks: int, *extra: str
+) -> tuple[list[protocol.StatusLine], str]:
+    """A one-epoch sync run of `ranks` drafter ranks (and as many target replicas) on the
+    CPU: the lines it added to its stream, and what it wrote to stderr."""
     stream = run_dir / "status.jsonl"
     before = len(stream.read_bytes().splitlines()) if stream.exists() else 0
     devices = ",".join(["cpu"] * ranks)
@@ -114,7 +98,7 @@ def _train(run_dir: Path, data: Path, ranks: int, *extra: str) -> list[protocol.
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [protocol.decode_line(raw) for raw in stream.read_bytes().splitlines()[before:]]
     assert all(isinstance(line, protocol.StatusLine) for line in lines)
-    return lines  # type: ignore[return-value]
+    return lines, done.stderr  # type: ignore[return-value]
 
 
 @pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)], ids=["2-to-1", "1-to-2"])
@@ -127,10 +111,10 @@ def test_a_resume_with_another_rank_count_trains_the_rest_of_the_epoch_once(
     that gained a rank a step early, its last batches never trained (1-to-2), and gave one
     that lost a rank a total it never reached (2-to-1)."""
     run_dir = tmp_path / "run"
-    first = _train(run_dir, prepared_data_dir, before, "--max-steps", "2", "--save-every", "2")
+    first, _ = _train(run_dir, prepared_data_dir, before, "--max-steps", "2", "--save-every", "2")
     batches = first[0]["batches_per_epoch"]
     assert first[-1]["reason"] == "completed" and batches >= 6
-    resumed = _train(run_dir, prepared_data_dir, after, "--resume-from", "latest")
+    resumed, _ = _train(run_dir, prepared_data_dir, after, "--resume-from", "latest")
     start = resumed[0]
     assert start.kind == "run_start" and start["resumed_from"].endswith("step_0000002")
     assert start["topology"]["world_size"] == after
