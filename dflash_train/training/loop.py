@@ -30,6 +30,14 @@ class Progress:
     tokens_seen: int = 0
     # This epoch's batches done, by position in the epoch's plan (a resume skips them).
     consumed: set[int] = field(default_factory=set)
+    # How many of `consumed` came from the checkpoint: every rank's, where the rest are
+    # this rank's own (each rank trained as many as this one since).
+    resumed: int = 0
+
+    def epoch_done(self, world_size: int, batches: int) -> float:
+        """The share of this epoch's batches trained, on every rank."""
+        own = len(self.consumed) - self.resumed
+        return min(1.0, (self.resumed + own * world_size) / max(1, batches))
 
 
 def run_epochs(run: TrainingRun) -> str:
@@ -41,7 +49,7 @@ def run_epochs(run: TrainingRun) -> str:
         return _finish(run, "completed")
     for epoch in range(run.progress.epoch, epochs):
         if run.progress.epoch != epoch:
-            run.progress.epoch, run.progress.consumed = epoch, set()
+            run.progress.epoch, run.progress.consumed, run.progress.resumed = epoch, set(), 0
         order = run.plan(epoch)
         remaining = [p for p in range(len(order)) if p not in run.progress.consumed]
         positions = shard_positions(remaining, run.rank.rank, run.rank.world_size)
@@ -68,7 +76,7 @@ def run_epochs(run: TrainingRun) -> str:
             epoch=epoch,
             step=run.progress.step,
         )
-        run.progress.epoch, run.progress.consumed = epoch + 1, set()
+        run.progress.epoch, run.progress.consumed, run.progress.resumed = epoch + 1, set(), 0
         run.save()
         run.heldout.after_save(run.progress.step)
     return _finish(run, "completed")
@@ -128,9 +136,7 @@ def _submit(run: TrainingRun, epoch: int, batches: int, tokens: int) -> None:
             step=run.progress.step,
             epoch=epoch,
             # Ranks share the epoch evenly; rank 0 knows only its own share.
-            epoch_progress=min(
-                1.0, len(run.progress.consumed) * run.rank.world_size / max(1, batches)
-            ),
+            epoch_progress=run.progress.epoch_done(run.rank.world_size, batches),
             lr=run.stepper.lr,
             tokens_total=run.progress.tokens_seen,
             tokens_interval=tokens,

@@ -86,7 +86,8 @@ def resume(run: TrainingRun, path: Path) -> None:
     run.stepper.load_state_dicts(loaded.optimizer, loaded.scheduler)
     checkpoints.restore_rng(loaded.rng)
     state = loaded.state
-    run.progress = Progress(state.step, state.epoch, state.tokens_seen, set(state.consumed))
+    consumed = set(state.consumed)
+    run.progress = Progress(state.step, state.epoch, state.tokens_seen, consumed, len(consumed))
     run.last_saved_step = state.step
     # Values given in the config win over the settings live at the checkpoint.
     pipeline = run.config.pipeline

@@ -121,8 +121,12 @@ def test_a_resume_with_another_rank_count_trains_the_rest_of_the_epoch_once(
     # 2 steps at the old count trained 2 * before batches; the rest, `after` a step.
     planned = 2 + (batches - 2 * before) // after
     assert start["total_steps"] == planned
-    steps = [line["step"] for line in resumed if line.kind == "step"]
-    assert steps == list(range(3, planned + 1))
+    steps = [line for line in resumed if line.kind == "step"]
+    assert [line["step"] for line in steps] == list(range(3, planned + 1))
+    # The epoch's share trained counts the checkpoint's batches once, then `after` a step.
+    assert [line["epoch_progress"] for line in steps] == [
+        pytest.approx((2 * before + (line["step"] - 2) * after) / batches) for line in steps
+    ]
     assert resumed[-1].kind == "run_end" and resumed[-1]["reason"] == "completed"
 
 
