@@ -82,7 +82,9 @@ class TrainerWatch:
             return protocol.trainer_gone_marker(*last, self._holder, run_dir_gone=True)
         if _ended(self.stream):
             return None
-        return protocol.trainer_gone_marker(newest.run, newest.seq, lock_holder_pid(self.lock))
+        # The pid seen holding the lock, not the file's pid now: a control-plane command that
+        # took the lock for a moment after the trainer died leaves its own pid in the file.
+        return protocol.trainer_gone_marker(newest.run, newest.seq, self._holder)
 
 
 def _ended(stream: Path) -> bool:

@@ -332,3 +332,37 @@ def test_trainer_whose_run_dir_is_deleted_stops_itself_writing_nothing(
     assert took < 60
     assert "was deleted or replaced" in log.read_text()
     assert not run_dir.exists()  # no checkpoint, no run_end: nothing recreated it
+
+
+def test_the_marker_names_the_pid_seen_holding_not_a_later_brief_holder(tmp_path: Path) -> None:
+    """A control-plane command can take the lock for a moment after the trainer died (and
+    write nothing): the lock file then names that command's pid, not the trainer's."""
+    now = [0.0]
+    stream, lock = tmp_path / "status.jsonl", tmp_path / "run.lock"
+    watch = TrainerWatch(lock, stream, clock=lambda: now[0])
+    writer = StatusWriter(stream, RUN_ID)
+    writer.write("heartbeat")
+    with RunLock(lock):
+        now[0] = 1.0
+        assert watch.check() is None
+    take_and_leave = (
+        "import os, sys\nfrom pathlib import Path\nfrom dflash_train.rundir import RunLock\n"
+        "with RunLock(Path(sys.argv[1])):\n    print(os.getpid())"
+    )
+    brief = subprocess.run(
+        [sys.executable, "-c", take_and_leave, str(lock)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    other = int(brief.stdout)
+    assert lock.read_text().strip() == str(other)
+    answers = []
+    for at in (2.0, 4.5):
+        now[0] = at
+        answers.append(watch.check())
+    writer.close()
+    assert answers[0] is None
+    marker = protocol.decode_line(answers[1] or b"")
+    assert isinstance(marker, protocol.StatusLine)
+    assert marker["pid"] == os.getpid() != other
