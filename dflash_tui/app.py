@@ -73,6 +73,9 @@ class DflashApp(App[None]):
         self.gpu_source = GpuSourcePicker(clock=clock)
         self.wandb_url: str | None = None
         self.replies: deque[Reply] = deque(maxlen=50)  # the newest last, for tests and help
+        # Control commands answered so far, refusals and transport failures included: what
+        # a caller waits on, since a command's worker may start a few turns after its key.
+        self.controls_answered = 0
         self._refused_host_key: HostKeyUnknown | None = None
         self.session = self._make_session()
         self.paused = False
@@ -318,6 +321,7 @@ class DflashApp(App[None]):
 
     @on(ControlDone)
     def _control_done(self, message: ControlDone) -> None:
+        self.controls_answered += 1
         if message.reply is None:
             text = f"{message.command}: {message.problem}"
             self.note("error", text)

@@ -117,11 +117,16 @@ async def wait_until(
         await pilot.pause(0.05)
 
 
-async def wait_for_controls(app: DflashApp) -> None:
-    """Every control command the app sent has answered and its reply was handled."""
-    controls = [w for w in app.workers if w.group == "control"]
-    if controls:  # an empty list would mean "wait for every worker", the tail included
-        await app.workers.wait_for_complete(controls)
+async def wait_for_controls(pilot: Pilot[None], answered: int = 1) -> None:
+    """Wait until the app has handled `answered` control replies in all (refusals too).
+
+    A count, not "the control workers running now": a command's worker can start a few
+    turns after the key or button that sent it, and waiting on the workers that exist at
+    the call then returns before the command was even sent."""
+    app = pilot.app
+    assert isinstance(app, DflashApp)
+    await wait_until(pilot, lambda: app.controls_answered >= answered)
+    await pilot.pause()  # let what the reply pushed (a dialog, a toast) compose
 
 
 @contextlib.asynccontextmanager

@@ -214,7 +214,7 @@ async def test_advice_is_shown_and_its_key_opens_the_restart_dialog_filled_in(
         assert dialog.query_one("#overrides", Input).value == RESTARTED
         assert transport.mutating() == []  # nothing is sent before the operator confirms
         await press_button(pilot, "#submit")
-        await wait_for_controls(app)
+        await wait_for_controls(pilot)
         await wait_until(pilot, lambda: isinstance(app.screen, ReplyDialog))
     (argv,) = transport.mutating()
     assert argv[len(TRAINER) :][:2] == ["restart", str(run_dir)]

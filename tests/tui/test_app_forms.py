@@ -198,9 +198,7 @@ async def test_enter_on_the_launch_confirmation_launches_and_on_stop_cancels(
         await wait_until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
         assert "y or Enter: Launch" in str(app.screen.query_one(".dialog-hint").render())
         await pilot.press("enter")
-        # The launch's worker may start after Enter's turn: wait for its reply itself.
-        await wait_until(pilot, lambda: bool(app.replies) and app.replies[-1].command == "launch")
-        await wait_for_controls(app)
+        await wait_for_controls(pilot)
         assert [argv[len(TRAINER)] for argv in transport.mutating()] == ["launch"]
         assert app.replies[-1].command == "launch" and not app.replies[-1].ok
         assert "no-data" in (app.replies[-1].error or "")

@@ -83,7 +83,7 @@ async def test_launch_confirm_then_shows_the_failure_reason(tmp_path: Path) -> N
         assert isinstance(app.screen, ConfirmDialog)
         assert transport.mutating() == []  # nothing before the confirmation
         await press_button(pilot, "#yes")
-        await wait_for_controls(app)
+        await wait_for_controls(pilot)
         await pilot.pause()
         launches = transport.mutating()
         assert len(launches) == 1
@@ -121,7 +121,7 @@ async def test_stop_confirm_then_shows_the_result(tmp_path: Path) -> None:
         assert transport.mutating() == []
         await pilot.press("S")
         await press_button(pilot, "#yes")
-        await wait_for_controls(app)
+        await wait_for_controls(pilot)
         await pilot.pause()
         assert [argv[len(TRAINER)] for argv in transport.mutating()] == ["stop"]
         assert isinstance(app.screen, ReplyDialog)
@@ -140,7 +140,7 @@ async def test_restart_resume_with_override_sends_it(tmp_path: Path) -> None:
         app.screen.query_one("#fresh", RadioButton).value = True
         dialog.query_one("#fresh-confirm", Input).value = "fresh"  # the typed confirmation
         await press_button(pilot, "#submit")
-        await wait_for_controls(app)
+        await wait_for_controls(pilot)
         await pilot.pause()
         (argv,) = transport.mutating()
         words = argv[len(TRAINER) :]
@@ -163,7 +163,7 @@ async def test_min_ready_is_sent_and_remembered_in_the_profile(
         assert isinstance(prompt, MinReadyPrompt)
         prompt.query_one("#value", Input).value = "5"
         await pilot.press("enter")
-        await wait_for_controls(app)
+        await wait_for_controls(pilot)
         await pilot.pause()
         (argv,) = transport.mutating()
         assert argv[len(TRAINER) :] == ["set", str(app.run_dir), "hs_min_ready", "5"]

@@ -56,7 +56,7 @@ async def test_launch_set_and_stop_a_real_run(tmp_path: Path, tiny_data: Path) -
             await pilot.press("m")
             app.screen.query_one("#value", Input).value = "1"
             await pilot.press("enter")
-            await wait_for_controls(app)
+            await wait_for_controls(pilot, 2)
             codes = lambda: [e.code for e in app.state.events]  # noqa: E731
             await wait_until(pilot, lambda: "control_applied" in codes(), timeout=60)
             assert app.state.settings["hs_min_ready"] == 1

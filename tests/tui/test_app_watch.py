@@ -39,7 +39,7 @@ async def test_every_key_in_watch_mode_sends_nothing_mutating(tmp_path: Path) ->
         # Bypassing the screen: the app's own senders go through the read-only Session.
         app.send_stop()
         app.send_min_ready(4)
-        await wait_for_controls(app)
+        await wait_for_controls(pilot, 2)
         await pilot.pause()
         assert sum("watch mode" in n.text for n in app.notes) == 2
         with pytest.raises(ReadOnlyError):

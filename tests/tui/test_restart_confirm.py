@@ -45,7 +45,7 @@ async def test_fresh_restart_is_sent_only_after_the_typed_confirmation(tmp_path:
         confirm.value = ""
         confirm.focus()
         await pilot.press(*RUN_ID, "enter")
-        await wait_for_controls(app)
+        await wait_for_controls(pilot)
         await pilot.pause()
         (argv,) = transport.mutating()
         assert argv[len(TRAINER) :][:3] == ["restart", str(app.run_dir), "--fresh"]
@@ -62,7 +62,7 @@ async def test_switching_back_to_resume_needs_no_confirmation(tmp_path: Path) ->
         await pilot.pause()
         assert not dialog.query_one("#fresh-confirm-box").has_class("shown")
         await press_button(pilot, "#submit")
-        await wait_for_controls(app)
+        await wait_for_controls(pilot)
         await pilot.pause()
         (argv,) = transport.mutating()
         assert "--fresh" not in argv and argv[len(TRAINER)] == "restart"

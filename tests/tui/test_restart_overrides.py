@@ -42,7 +42,7 @@ async def test_restart_sends_a_general_override_after_checking_it(tmp_path: Path
         await pilot.pause()
         assert not error.has_class("shown")
         await press_button(pilot, "#submit")
-        await wait_for_controls(app)
+        await wait_for_controls(pilot)
         await pilot.pause()
         (argv,) = transport.mutating()
         words = argv[len(TRAINER) :]

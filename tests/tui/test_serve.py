@@ -37,13 +37,9 @@ async def test_the_session_latch_refuses_what_the_ui_lets_through(
         await wait_until(pilot, lambda: bool(app.screen.query("#value")))
         app.screen.query_one("#value", Input).value = "2"
         await press_button(pilot, "#submit")
-        # The refusal is the control worker's note; that worker may start after the button's
-        # turn (wait_for_controls then had none to wait for, and a clean-clone CI read no
-        # note): wait for the note itself.
-        await wait_until(
-            pilot, lambda: any("refused" in n.text and "watch mode" in n.text for n in app.notes)
-        )
-        await wait_for_controls(app)
+        # The refusal is the control worker's answer, which may come turns after the button.
+        await wait_for_controls(pilot)
+        assert any("refused" in n.text and "watch mode" in n.text for n in app.notes)
         with pytest.raises(ReadOnlyError):
             await app.session.stop()
         with pytest.raises(ReadOnlyError):
