@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Makes, on this (CPU) machine, every folder the device scripts carry, so a session that is
+# lent a machine spends no wall time on it between calls. Each folder is git-ignored through
+# .git/info/exclude (a fresh clone has none, so this adds them). Needs the repo's .venv (its
+# package versions are the ones the wheels are fetched at) and pip's index.
+#   bash bench/scripts/make_carry.sh            # all of them
+#   bash bench/scripts/make_carry.sh prep tok   # some: decode prep tok tui stage quality
+# What each is for (the script header that carries it says how):
+#   decode   .weights_decode/gguf (SmolLM2's GGUF in two 44 MB parts + layout.json) and
+#            .whl_decode (gguf): decode_session.sh, eval_cost_session.sh
+#   prep     .whl_prep (datasets, dill, multiprocess): eval_cost_session.sh,
+#            prepare_workers_h200.sh
+#   tok      .bench_tok (SmolLM2's tokenizer as DFLASH_CACHE_DIR lays it out):
+#            prepare_workers_h200.sh
+#   tui      .whl_tui (the console's wheels): prepare_console_h200.sh
+#   stage    .whl (fla, torchao, gguf, datasets...) and .weights28/p/part-a{a,b,c} with
+#            .weights28/gguf.sha256: target_stage_session.sh
+#   quality  .whl15 and .weights15/p3/part-a{a,b,c} with .weights15/gguf.sha256:
+#            quality_session.sh
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+PY=.venv/bin/python
+GGUF=$($PY -c 'from dflash_train.targets.frozen_target import smollm2_gguf_path as p; print(p())')
+# The H200 image's Python is 3.12 on x86-64; pure-Python wheels match any of these tags.
+TAGS=(--only-binary=:all: --python-version 3.12 --implementation cp
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+
+ignore() {  # ignore DIR: keep it out of git (and so out of nothing: carry names it)
+  mkdir -p .git/info
+  grep -qxF "/$1/" .git/info/exclude 2>/dev/null || echo "/$1/" >>.git/info/exclude
+}
+version() { { $PY -m pip show "$1" 2>/dev/null || true; } | awk '/^Version:/ {print $2}'; }
+wheels() {  # wheels DIR NAME...: NAME==V as pinned, else the venv's version, else the newest
+  local dir=$1 spec name v
+  shift
+  ignore "$dir"
+  mkdir -p "$dir"
+  for spec in "$@"; do
+    name=${spec%%==*}
+    v=${spec#*==}
+    [ "$v" = "$spec" ] && v=$(version "$name")
+    # pip's notes on the index folders it skips are noise here; its errors are not
+    python3 -m pip download -q --no-deps "${TAGS[@]}" -d "$dir" "$name${v:+==$v}" 2>&1 |
+      { grep -v "^WARNING: Location" || true; }
+  done
+  echo "$dir: $(ls "$dir" | wc -l) wheels, $(du -sh "$dir" | cut -f1)"
+}
+split_gguf() {  # split_gguf DIR BYTES: the GGUF in parts of BYTES, and its sha256
+  ignore "${1%%/*}"
+  rm -rf "$1" && mkdir -p "$1"
+  split -b "$2" "$GGUF" "$1/part-"
+  sha256sum "$GGUF" | cut -d' ' -f1 >"${1%/*}/gguf.sha256"
+  echo "$1: $(ls "$1" | xargs)"
+}
+
+make_decode() {
+  ignore .weights_decode
+  rm -rf .weights_decode/gguf
+  $PY bench/fixtures/gguf_travel.py pack "$GGUF" .weights_decode/gguf
+  wheels .whl_decode gguf
+}
+make_prep() { wheels .whl_prep datasets dill multiprocess; }
+make_tok() {
+  local src
+  src=$($PY -c "from dflash_train.targets.frozen_target import smollm2_cache_dir as d; print(d())")
+  [ -f "$src/tokenizer.json" ] || $PY -c 'from dflash_train.targets.frozen_target import ensure_smollm2_converted as c; c()'
+  ignore .bench_tok
+  mkdir -p .bench_tok/models/smollm2-135m-instruct
+  cp "$src"/{chat_template.jinja,config.json,generation_config.json,tokenizer.json,tokenizer_config.json} \
+    .bench_tok/models/smollm2-135m-instruct/
+  echo ".bench_tok: $(ls .bench_tok/models/smollm2-135m-instruct | xargs)"
+}
+make_tui() {
+  wheels .whl_tui textual rich markdown-it-py mdit-py-plugins mdurl linkify-it-py uc-micro-py \
+    platformdirs plotext pygments textual-plotext tomlkit nvidia-ml-py
+}
+make_stage() {
+  wheels .whl flash-linear-attention==0.6.0 fla-core==0.6.0 torchao==0.17.0 gguf==0.19.0 \
+    datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 platformdirs
+  split_gguf .weights28/p 34000000
+}
+make_quality() {
+  wheels .whl15 gguf datasets dill multiprocess
+  split_gguf .weights15/p3 40000000
+}
+
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(decode prep tok tui stage quality)
+for s in "${stages[@]}"; do
+  case $s in
+    decode | prep | tok | tui | stage | quality) "make_$s" ;;
+    *) echo "make_carry: no part '$s' (decode prep tok tui stage quality)" >&2; exit 2 ;;
+  esac
+done
