@@ -8,6 +8,10 @@
 #   fidelity  reassemble the GGUF, convert it, bench/fp8_fidelity.py (bf16 vs fp8 SmolLM2)
 #   launch    a real `dflash-train launch --target-dtype fp8` (random:qwen3-8b) for a few
 #             hundred steps
+#   profile   bench/profile_drafter.py, flex: where one drafter step's time goes at Qwen3-8B
+#             8x2048 and Qwen3.6-27B 4x2048 (goal 3; ~4 min, 6 files: per shape the summary,
+#             the trace, the log). Needs no carry. PROFILE_ARGS adds arguments: on a CPU,
+#             "--device cpu --smoke --attention sdpa" runs the stage at tiny dims
 # Usage (repo root): OUT=/tmp/out bash bench/scripts/target_stage_session.sh carry stage
 # Carry (ignored by git): .whl/ (flash-linear-attention==0.6.0 fla-core==0.6.0 torchao==0.17.0
 # gguf==0.19.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 platformdirs), and one of
@@ -18,7 +22,8 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export DFLASH_CACHE_DIR=/tmp/dflash_cache
 SECONDS=0
 say() { echo "== [$SECONDS s] $*"; }
-if [ ! -f /tmp/site28/.done ]; then
+# The profile stage runs on the image's torch alone, so a call of only it needs no wheels.
+if [ "$*" != profile ] && [ ! -f /tmp/site28/.done ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site28 \
     .whl/*.whl && touch /tmp/site28/.done || exit 1
 fi
@@ -93,6 +98,19 @@ stage_launch() {
   [ "$state" = running ] && python3 -m dflash_train stop "$run" | tee "$OUT/launch_fp8.stop.json"
   cp "$run/status.jsonl" "$OUT/launch_fp8.status.jsonl"
   tail -n 80 "$run/train.log" > "$OUT/launch_fp8.train_log_tail.txt"
+}
+
+# Each shape in its own process with its own limit: the 8B rig's memory is gone before the 27B
+# one is built, and a slow compile of one shape cannot take the other's figures with it.
+stage_profile() {
+  local dims
+  for dims in qwen3-8b qwen3.6-27b; do
+    say "drafter step profile, $dims"
+    # shellcheck disable=SC2086  # PROFILE_ARGS is a list of arguments
+    timeout "${PROFILE_TIMEOUT:-270}" python3 bench/profile_drafter.py --dims "$dims" \
+      --attention flex --out "$OUT" ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/profile_$dims.log" \
+      | grep -v Warning | tail -24
+  done
 }
 
 for stage in "$@"; do "stage_$stage"; done

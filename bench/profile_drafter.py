@@ -1,0 +1,397 @@
+"""Where one drafter step's time goes (issue 28, goal 3): speed_drafter's rig at Qwen3-8B or
+Qwen3.6-27B dims, warmed up so compiling and autotuning stay outside, then a few steps under
+torch.profiler. Writes the chrome trace and a summary: device kernel time per category
+(matmul, attention, loss, norm, elementwise, optimizer, communication, memcpy_memset, other),
+the top kernels, the idle gap (step wall time not covered by any kernel: the launch-bound
+part) and the useful-FLOP share of the step by speed_drafter's count.
+
+One GPU: `python bench/profile_drafter.py --dims qwen3-8b --out DIR`. On a CPU
+(`--device cpu --smoke`) CPU ops' self time stands in for kernel time, same keys."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from speed_drafter import PEAK, DrafterRig, _sync, drafter_config, log, time_drafter
+
+# speed_suite's shapes: (batch, seq, anchors, block, layers).
+SHAPES: dict[str, tuple[int, int, int, int, int]] = {
+    "qwen3-8b": (8, 2048, 512, 16, 5),
+    "qwen3.6-27b": (4, 2048, 512, 16, 5),
+    "tiny": (2, 128, 16, 4, 1),
+}
+CATEGORIES = (
+    "matmul", "attention", "loss", "norm", "elementwise", "optimizer", "communication",
+    "memcpy_memset", "other",
+)  # fmt: skip
+GZIP_ABOVE = 4 << 20  # the device hands back files of at most 16 MiB
+HOST_CATS = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"}
+DEVICE_CATS = {"kernel", "cuda_kernel", "gpu_memcpy", "gpu_memset"}
+BACKWARD_NODE = "autograd::engine::evaluate_function:"
+
+# Matched against a kernel's name, or on the CPU an op's name. cuBLAS on Hopper names most
+# GEMMs nvjet_* (no "gemm" in them); fmha_cutlass* is attention, so attention is tried first.
+ATTENTION_WORDS = ("flash", "fmha", "attention", "flex", "sdpa")
+GEMM_WORDS = ("gemm", "nvjet", "cutlass", "wgmma", "xmma", "cublas", "gemv", "splitkreduce")
+MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addmv", "mv", "dot"}
+# Matched against the launching ops and ranges, forward context included.
+LOSS_WORDS = ("_linearcrossentropy", "cross_entropy", "logsumexp", "log_softmax", "nll_loss")
+# Outside the loss (tried first), the only compiled graphs in a drafter step are flex's.
+COMPILED_WORDS = ("compiledfunction", "torch-compiled region", "compiledfxgraph")
+OPTIMIZER_WORDS = ("optimizer.step", "adam", "multi_tensor_apply", "_foreach", "clip_grad")
+NORM_WORDS = ("rms_norm", "rmsnorm", "layer_norm")
+ELEMENTWISE_WORDS = ("elementwise", "triton_poi", "catarraybatchedcopy")
+ELEMENTWISE_OPS = {
+    "mul", "add", "sub", "div", "neg", "exp", "pow", "rsqrt", "silu", "silu_backward", "cos",
+    "sin", "copy", "_to_copy", "to", "clone", "contiguous", "fill", "zero", "zeros", "cat",
+    "where", "masked_fill", "type_as", "eq", "ne", "lt", "gt", "abs", "clamp", "clamp_min",
+    "isfinite", "constant_pad_nd", "index_copy", "maximum",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    dims: str
+    device: torch.device
+    batch: int
+    seq: int
+    anchors: int
+    block: int
+    layers: int
+    attention: str
+    warmup: int
+    steps: int
+    out: Path
+
+
+@dataclass(frozen=True)
+class Item:
+    """One kernel (or, on the CPU, one op's self time) with what launched it."""
+
+    name: str
+    us: float
+    start: float
+    end: float
+    context: str  # the enclosing ops and ranges, then the forward op's for backward work
+    launcher: str  # the innermost op that launched it
+    device_cat: str
+
+
+def _bare(op: str) -> str:
+    return op.lower().removeprefix("aten::").rstrip("_")
+
+
+def categorise(item: Item) -> str:
+    name, context, launcher = item.name.lower(), item.context, _bare(item.launcher)
+    if item.device_cat in ("gpu_memcpy", "gpu_memset") or "memcpy" in name or "memset" in name:
+        return "memcpy_memset"
+    if "nccl" in name or "c10d::" in context:
+        return "communication"
+    if any(w in name or w in context for w in ATTENTION_WORDS):
+        return "attention"
+    if any(w in name for w in GEMM_WORDS) or launcher in MATMUL_OPS:
+        return "matmul"
+    if any(w in name or w in context for w in LOSS_WORDS):
+        return "loss"
+    if any(w in context for w in COMPILED_WORDS):
+        return "attention"
+    if any(w in name or w in context for w in OPTIMIZER_WORDS):
+        return "optimizer"
+    if any(w in name or w in context for w in NORM_WORDS):
+        return "norm"
+    if any(w in name for w in ELEMENTWISE_WORDS) or launcher in ELEMENTWISE_OPS:
+        return "elementwise"
+    return "other"
+
+
+@dataclass
+class _Frame:
+    name: str
+    start: float
+    dur: float
+    path: tuple[str, ...]
+    forward: tuple[str, ...]  # for work inside a backward node: its forward op's path
+    backward: bool
+    op: bool
+    child_us: float = 0.0
+
+
+def read_trace(events: list[dict[str, Any]]) -> tuple[list[Item], list[Item], list[float]]:
+    """(device kernels, CPU ops' self times, ProfilerStep wall µs) from a chrome trace. Host
+    threads are walked in time order with a stack of open ranges, so each launch knows the
+    ops around it; a backward node's sequence number leads back to the forward op that made
+    it, whose ops (rms_norm, the loss, a compiled region) categorise the backward work too."""
+    host = [e for e in events if e.get("ph") == "X" and e.get("cat") in HOST_CATS]
+    host.sort(key=lambda e: (e["ts"], -e.get("dur", 0.0)))
+    stacks: dict[tuple[Any, Any], list[_Frame]] = defaultdict(list)
+    forward: dict[int, tuple[str, ...]] = {}
+    launches: dict[int, tuple[str, str]] = {}
+    ops: list[Item] = []
+    steps: list[float] = []
+
+    def close(frame: _Frame) -> None:
+        if frame.op:
+            ops.append(Item(frame.name, frame.dur - frame.child_us, frame.start,
+                            frame.start + frame.dur, _context(frame.path, frame.forward),
+                            frame.name, "cpu_op"))  # fmt: skip
+
+    for e in host:
+        ts, dur, cat, args = e["ts"], e.get("dur", 0.0), e["cat"], e.get("args", {})
+        stack = stacks[(e.get("pid"), e.get("tid"))]
+        while stack and stack[-1].start + stack[-1].dur <= ts:
+            close(stack.pop())
+        parent = stack[-1] if stack else None
+        if parent is not None:
+            parent.child_us += dur
+        if cat in ("cuda_runtime", "cuda_driver"):
+            if "correlation" in args and parent is not None:
+                launcher = next((f.name for f in reversed(stack) if f.op), parent.name)
+                launches[args["correlation"]] = (_context(parent.path, parent.forward), launcher)
+            continue
+        name = e["name"]
+        if cat == "user_annotation" and name.startswith("ProfilerStep#"):
+            steps.append(dur)
+        path = (parent.path if parent else ()) + (name,)
+        fwd, backward = (parent.forward, parent.backward) if parent else ((), False)
+        seq = args.get("Sequence number")
+        if name.startswith(BACKWARD_NODE):
+            fwd, backward = forward.get(seq, ()) if seq is not None else (), True
+        elif seq is not None and not backward:
+            forward[seq] = path  # the last (innermost) op with this number made the node
+        stack.append(_Frame(name, ts, dur, path, fwd, backward, cat == "cpu_op"))
+    for stack in stacks.values():
+        while stack:
+            close(stack.pop())
+    kernels = []
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in DEVICE_CATS:
+            continue
+        context, launcher = launches.get(e.get("args", {}).get("correlation", -1), ("", ""))
+        kernels.append(Item(e["name"], e.get("dur", 0.0), e["ts"], e["ts"] + e.get("dur", 0.0),
+                            context, launcher, e["cat"]))  # fmt: skip
+    return kernels, ops, steps
+
+
+def _context(path: tuple[str, ...], fwd: tuple[str, ...]) -> str:
+    return (" / ".join(path) + (" <- " + " / ".join(fwd) if fwd else "")).lower()
+
+
+def union_us(items: list[Item]) -> float:
+    total, reach = 0.0, float("-inf")
+    for item in sorted(items, key=lambda i: i.start):
+        if item.end > reach:
+            total += item.end - max(item.start, reach)
+            reach = item.end
+    return total
+
+
+def summarise(
+    items: list[Item], step_walls_us: list[float], step_ms: float, flops: float, top: int = 25
+) -> dict[str, Any]:
+    """Per-step figures from one trace's items; shares are of the profiled step's wall."""
+    n = max(1, len(step_walls_us))
+    wall_ms = sum(step_walls_us) / n / 1e3
+    per_cat: dict[str, float] = dict.fromkeys(CATEGORIES, 0.0)
+    by_name: dict[tuple[str, str], list[Any]] = {}  # one name may launch in several places
+    by_launcher: dict[str, float] = defaultdict(float)
+    for item in items:
+        cat = categorise(item)
+        per_cat[cat] += item.us
+        entry = by_name.setdefault((item.name, cat), [0.0, 0, defaultdict(float)])
+        entry[0] += item.us
+        entry[1] += 1
+        entry[2][item.launcher or "?"] += item.us
+        by_launcher[item.launcher or "?"] += item.us
+    kernel_ms = sum(per_cat.values()) / n / 1e3
+    busy_ms = union_us(items) / n / 1e3
+    idle_ms = max(0.0, wall_ms - busy_ms)
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    matmul_attention_s = (per_cat["matmul"] + per_cat["attention"]) / n / 1e6
+    return {
+        "profiled_step_ms": round(wall_ms, 3),
+        "kernel_ms_per_step": round(kernel_ms, 3),
+        "busy_ms_per_step": round(busy_ms, 3),
+        "idle_ms_per_step": round(idle_ms, 3),
+        "idle_share": round(idle_ms / wall_ms, 4) if wall_ms else None,
+        "categories": {
+            c: {"ms": round(us / n / 1e3, 3), "share": round(us / n / 1e3 / wall_ms, 4)}
+            for c, us in per_cat.items()
+        },
+        "top_kernels": [
+            {
+                "name": name[:300],
+                "category": cat,
+                "ms_per_step": round(us / n / 1e3, 3),
+                "calls_per_step": round(calls / n, 2),
+                "share": round(us / n / 1e3 / wall_ms, 4),
+                "launched_by": max(launchers, key=launchers.get),
+            }
+            for (name, cat), (us, calls, launchers) in ranked
+        ],
+        "top_launching_ops": [
+            {"op": op, "ms_per_step": round(us / n / 1e3, 3)}
+            for op, us in sorted(by_launcher.items(), key=lambda kv: -kv[1])[:15]
+        ],
+        "useful_flops_per_step": flops,
+        "peak_flops": PEAK,
+        "useful_share_of_step": round(flops / PEAK / (step_ms / 1e3), 4),
+        "useful_share_of_profiled_step": round(flops / PEAK / (wall_ms / 1e3), 4),
+        # The rate the matmul and attention kernels reach on the FLOPs that count: near the
+        # measured ~790 TFLOP/s ceiling means the lost time is outside them.
+        "useful_tflops_in_matmul_attention_kernels": (
+            round(flops / matmul_attention_s / 1e12, 1) if matmul_attention_s else None
+        ),
+    }
+
+
+def record(rig: DrafterRig, steps: int, trace: Path) -> None:
+    """`steps` steps under the profiler after one profiler-warm-up step (the first profiled
+    step pays for starting the tracer), synchronised before the first and after the last
+    so each recorded step's kernels fall inside the recorded window."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    activities = [ProfilerActivity.CPU]
+    if rig.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(
+        activities=activities,
+        record_shapes=True,
+        with_stack=False,
+        schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(trace)),
+    ) as prof:
+        for i in range(steps + 1):
+            rig.step()
+            if i in (0, steps):
+                _sync(rig.device)
+            prof.step()
+
+
+def profile_drafter(req: ProfileRequest) -> dict[str, Any]:
+    if req.device.type == "cuda":
+        torch.cuda.set_device(req.device)
+        torch.backends.cuda.matmul.allow_tf32 = True  # as speed_suite runs it
+    config = drafter_config(req.dims, req.layers, req.block)
+    rig = DrafterRig(config, req.batch, req.seq, req.anchors, req.device)
+    log(f"{req.dims} {req.batch}x{req.seq}: warm-up (compile, {req.warmup} timed steps)")
+    timing = time_drafter(rig, req.attention, req.warmup)
+    req.out.mkdir(parents=True, exist_ok=True)
+    trace = req.out / f"trace_{req.dims}.json"
+    log(f"profiling {req.steps} steps")
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
+    record(rig, req.steps, trace)
+    graphs = counters["stats"]["unique_graphs"] - graphs
+    events = json.loads(trace.read_text())["traceEvents"]
+    kernels, ops, step_walls = read_trace(events)
+    on_device = req.device.type == "cuda"
+    flops = rig.useful_flops()
+    summary = summarise(kernels if on_device else ops, step_walls, timing["ms_per_step"], flops)
+    if trace.stat().st_size > GZIP_ABOVE:
+        packed = trace.with_suffix(".json.gz")
+        with gzip.open(packed, "wb", compresslevel=6) as f:
+            f.write(trace.read_bytes())
+        trace.unlink()
+        trace = packed
+    return {
+        "dims": req.dims,
+        "device": torch.cuda.get_device_name(req.device) if on_device else "cpu",
+        "torch": torch.__version__,
+        "shape": {
+            "batch": req.batch,
+            "seq": req.seq,
+            "anchors": req.anchors,
+            "block": req.block,
+            "layers": req.layers,
+            "attention": req.attention,
+        },
+        "steps_profiled": len(step_walls),
+        "measure": "CUDA kernels" if on_device else "CPU op self time (no device)",
+        "step_ms": timing["ms_per_step"],
+        **summary,
+        "profiler_overhead": round(summary["profiled_step_ms"] / timing["ms_per_step"] - 1, 4),
+        # Kernels run about as long under the profiler; the host, slower, may open gaps that
+        # the unprofiled step does not have: this is the gap against the unprofiled step.
+        "idle_ms_per_step_unprofiled": round(
+            max(0.0, timing["ms_per_step"] - summary["busy_ms_per_step"]), 3
+        ),
+        "graphs_compiled_while_profiled": graphs,
+        # Time some host thread spends inside an op: near the step on a GPU, the host is what
+        # the device waits for.
+        "host_op_ms_per_step": round(union_us(ops) / max(1, len(step_walls)) / 1e3, 3),
+        "flop_count": "speed_drafter.DrafterRig.useful_flops (speed_suite.py docstring)",
+        "timing": timing,
+        "trace": trace.name,
+        "trace_bytes": trace.stat().st_size,
+    }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    shape = result["shape"]
+    print(f"{result['dims']} {shape['batch']}x{shape['seq']} {shape['attention']}: "
+          f"step {result['step_ms']} ms (profiled {result['profiled_step_ms']} ms), "
+          f"{result['measure']}")  # fmt: skip
+    print(f"  {'category':<15}{'ms/step':>10}{'share':>8}")
+    for name, cat in result["categories"].items():
+        print(f"  {name:<15}{cat['ms']:>10.2f}{cat['share']:>8.1%}")
+    print(f"  {'idle (launch)':<15}{result['idle_ms_per_step']:>10.2f}"
+          f"{result['idle_share'] or 0:>8.1%}")  # fmt: skip
+    print(
+        f"  useful-FLOP share of the step {result['useful_share_of_step']:.1%}; "
+        f"matmul+attention kernels at "
+        f"{result['useful_tflops_in_matmul_attention_kernels']} useful TFLOP/s"
+    )
+    for k in result["top_kernels"][:10]:
+        print(f"  {k['ms_per_step']:>9.2f} ms {k['calls_per_step']:>7.1f}x "
+              f"{k['category']:<12} {k['name'][:70]}")  # fmt: skip
+
+
+def parse_args(argv: list[str] | None = None) -> ProfileRequest:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dims", choices=sorted(SHAPES), default="qwen3-8b")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--smoke", action="store_true", help="tiny dims, one warm-up step")
+    p.add_argument("--batch", type=int, help="rows (default: the dims' speed-suite shape)")
+    p.add_argument("--seq", type=int)
+    p.add_argument("--anchors", type=int)
+    p.add_argument("--block", type=int)
+    p.add_argument("--layers", type=int)
+    p.add_argument("--attention", choices=("flex", "sdpa"), help="default: flex on cuda")
+    p.add_argument("--warmup", type=int, default=3, help="timed steps before profiling")
+    p.add_argument("--steps", type=int, default=3, help="profiled steps")
+    p.add_argument("--out", type=Path, default=Path("profile_drafter"))
+    a = p.parse_args(argv)
+    dims = "tiny" if a.smoke else a.dims
+    attention = a.attention or ("flex" if a.device == "cuda" else "sdpa")
+    if a.device == "cpu" and attention == "flex":
+        p.error("--attention flex: flex attention has no CPU backward; use sdpa on a CPU")
+    batch, seq, anchors, block, layers = SHAPES[dims]
+    return ProfileRequest(
+        dims=dims, device=torch.device("cuda:0" if a.device == "cuda" else "cpu"),
+        batch=a.batch or batch, seq=a.seq or seq, anchors=a.anchors or anchors,
+        block=a.block or block, layers=a.layers or layers, attention=attention,
+        warmup=1 if a.smoke else a.warmup, steps=a.steps, out=a.out,
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    req = parse_args(argv)
+    result = profile_drafter(req)
+    path = req.out / f"profile_{req.dims}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    log(f"wrote {path} and {result['trace']}")
+    print_table(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
