@@ -17,6 +17,11 @@
 #          newest checkpoint of an earlier `train` call, if any), then export, eval of the 40
 #          held-out prompts x 256 (blocks 16 and 8), result.json, and held-out tau of the
 #          checkpoints in the time left
+#   study  (issue 27 goal 3, after a `data` call) the STUDY variants train side by side, each
+#          to the same --max-steps with in-run held-out tau, until STUDY_END_S into the call
+#          (SIGTERM: the step finishes and is checkpointed); a next call on the warm machine
+#          resumes each unfinished one from its newest checkpoint; every call ends with
+#          bench/quality/study.py's study.json, study.md and study.png in $OUT
 #   OUT=/tmp/out bash bench/scripts/quality_session.sh carry smoke     # and so on
 # Run 3 (session 5), after the first two parts had travelled with other calls:
 #   SYNTH_OPENERS=32000 SYNTH_FREE=8000 PREP_LIMIT=545 bash bench/scripts/quality_session.sh data
@@ -30,6 +35,30 @@
 # A same-data A/B of the training signal after a `data` call (configs side by side on one GPU,
 # one schedule each, cut at the same wall time, then held-out tau of each newest checkpoint):
 #   SWEEP="c d e" STEPS=2000 SWEEP_END_S=520 bash bench/scripts/quality_session.sh sweep
+# The study (issue 27 goal 3): the GGUF's parts as for run 4, one full 10-minute data call
+# (~100,000 prompts in run 4's mix, ~25 M answer tokens at its 60,900 tokens/s once ~85 s of
+# synthesis are done; --max-seconds cuts what the call has no time for), then `study` calls
+# on the same warm machine until study.md says every variant `completed`:
+#   SYNTH_OPENERS=84000 SYNTH_FREE=16000 GEN_BATCH=2048 bash bench/scripts/quality_session.sh data
+#   bash bench/scripts/quality_session.sh study          # again, until done
+#   DRY=1 OUT=/tmp/dry bash bench/scripts/quality_session.sh study     # the plumbing on a CPU
+# Variants: `base` is run 4's recipe (2 drafter layers, 2 context layers, --distill 0.5,
+# data x1); each other changes one thing: layers3, layers5 (drafter layers), ctx3, ctx5
+# (context layers, which the trainer spreads over the target's depth as the DFlash paper
+# does: 1,14,27 and 1,8,14,20,27 of SmolLM2's 30), distill0, x2. Data x2 is twice the
+# distinct samples, not `--data-dir DIR*2` (the same samples twice an epoch: more passes,
+# not more data). So one data call serves both: the first study call writes data_x1, every
+# other sample of the data stage's set (each half then holds the same mix of prompt kinds,
+# which prepare writes one source after another), the x1 variants train on it, `x2` on the
+# whole set. Held-out tau is the in-run evaluation on the built-in eval split, 10 prompts x
+# 128 new tokens (run 3's and run 4's curves' measure, though in bfloat16 on a GPU where
+# curve.py decoded in float32), at 12 points of the schedule.
+# Where: one variant per GPU when the machine has several (nvidia-smi -L; round-robin when
+# fewer than seven), else all seven side by side on DEV's GPU. STUDY_STEPS, the one budget,
+# defaults to 3000 with a GPU each (~0.2 s a step alone: two calls) and to 500 on one
+# shared GPU (~1.1 s a step for seven, from run 2's 0.4 s for three, and the evaluations:
+# two calls after the data call, what a 30-minute session has left). STUDY_ONLY="base x2"
+# trains a subset. A call's stop interrupts an evaluation in progress: that point is lost.
 # Wheels in .whl15/ (gguf, datasets, dill, multiprocess); results under $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/quality_out}
@@ -50,6 +79,7 @@ fi
 export PYTHONPATH=/tmp/site:$PWD
 DT="python3 -m dflash_train"
 DEV=${DEV:-cuda:0}
+[ -z "${DRY:-}" ] || DEV=${DRY_DEV:-cpu}  # DRY runs the plumbing on a CPU
 GPUS=${DEV#cuda:}
 
 # name layers context-layers lr anchors tokens-per-batch [train flags...]; `sweep` trains
@@ -61,6 +91,20 @@ CONFIGS=(
   "d 2 2 1e-3 64 32768 --distill 0.5"
   "e 2 2 1e-3 64 32768 --distill 0.9"
 )
+# name layers context-layers lr anchors tokens-per-batch [train flags...]: the study's
+# variants, each one change from `base` (config d, run 4's recipe); the ones STUDY_X2 names
+# train on the whole of the data stage's set, the others on half of it (stage_study)
+STUDY=(
+  "base 2 2 1e-3 64 32768 --distill 0.5"
+  "layers3 3 2 1e-3 64 32768 --distill 0.5"
+  "layers5 5 2 1e-3 64 32768 --distill 0.5"
+  "ctx3 2 3 1e-3 64 32768 --distill 0.5"
+  "ctx5 2 5 1e-3 64 32768 --distill 0.5"
+  "distill0 2 2 1e-3 64 32768"
+  "x2 2 2 1e-3 64 32768 --distill 0.5"
+)
+STUDY_X2="x2"
+STUDY_EVAL=(--eval-prompts 10 --eval-tokens 128 --eval-data builtin)
 SMOKE_PROMPTS=(--prompts 'builtin*2' --max-new-tokens 256)
 SWEEP_PROMPTS=()  # sized from the smoke run's generation rate in stage_sweep
 EVAL_ARGS=(--max-prompts 40 --max-new-tokens 256)
@@ -69,11 +113,13 @@ if [ -n "${DRY:-}" ]; then  # a CPU run of the plumbing: tiny batches, a handful
   SMOKE_PROMPTS=(--prompts builtin --samples 8 --max-new-tokens 24)
   SWEEP_PROMPTS=(--prompts synth:4 --prompts synth:3@builtin --prompts builtin --samples 12 --max-new-tokens 24)
   EVAL_ARGS=(--max-prompts 2 --max-new-tokens 16)
+  STUDY=("${STUDY[@]/ 64 32768/ 4 512}")  # the same layers, tiny batches
+  STUDY_EVAL=(--eval-prompts 1 --eval-tokens 8 --eval-data builtin)
 fi
 train() {  # train NAME DATA RUN_DIR STEPS TIMEOUT [extra flags...]
   local name=$1 data=$2 run=$3 steps=$4 limit=$5 c line="" flags
   shift 5
-  for c in "${CONFIGS[@]}"; do [ "${c%% *}" = "$name" ] && line=$c; done
+  for c in "${CONFIGS[@]}" "${STUDY[@]}"; do [ "${c%% *}" = "$name" ] && line=$c; done
   [ -n "$line" ] || { log "no config $name"; return 2; }
   read -r _ layers ctx lr anchors tpb flags <<<"$line"
   cmd timeout -k 20 "$limit" $DT train --target-model "$TARGET" --data-dir "$data" \
@@ -244,6 +290,90 @@ json.dump(out, open(f"{w}/sweep.json", "w"))
 print(json.dumps(out))
 EOF
   wait
+}
+
+halve_data() {  # $W/data_x1: every other sample of $W/data, the study's data x1 (once)
+  [ -f "$W/data_x1.done" ] && return 0
+  rm -rf "$W/data_x1"
+  python3 - "$W/data" "$W/data_x1" <<'EOF' >"$W/data_x1.json" 2>>"$OUT/log.txt" && touch "$W/data_x1.done"
+import json, sys
+from pathlib import Path
+import datasets
+src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+whole = datasets.load_from_disk(str(src))
+half = whole.shard(2, 0, contiguous=False)  # interleaved: prepare writes source after source
+half.save_to_disk(str(dst), num_shards=min(8, len(half)))
+info = json.loads((src / "prepare.json").read_text()) if (src / "prepare.json").is_file() else {}
+# prepare.json travels for its provenance (target, prompts, tokenizer); its stats are the whole's
+info["study_half"] = {"of": str(src), "samples": len(half), "whole_samples": len(whole)}
+(dst / "prepare.json").write_text(json.dumps(info))
+print(json.dumps(info["study_half"]))
+EOF
+  local rc=$?
+  cat "$W/data_x1.json" >>"$OUT/log.txt"
+  return $rc
+}
+
+study_devices() {  # where the variants train: STUDY_GPUS, every GPU when there are several, else DEV's
+  local n
+  if [ -n "${STUDY_GPUS:-}" ]; then echo "$STUDY_GPUS"; return; fi
+  if [ "$GPUS" = cpu ]; then echo cpu; return; fi
+  n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  if [ "${n:-0}" -gt 1 ]; then seq -s ' ' 0 $((n - 1)); else echo "$GPUS"; fi
+}
+
+stage_study() {
+  TARGET=smollm2
+  reassemble || return 1
+  if [ ! -f "$W/data.done" ]; then
+    [ -n "${DRY:-}" ] || { log "no data: run the data stage first"; return 1; }
+    make_data 60 240 && touch "$W/data.done"  # DRY: SWEEP_PROMPTS' handful of answers
+  fi
+  halve_data || { log "halving $W/data failed"; return 1; }
+  local devices=() names=() n line run data g k=0 pids=() threads steps every left
+  read -r -a devices <<<"$(study_devices)"
+  for line in "${STUDY[@]}"; do
+    n=${line%% *}
+    if [ -z "${STUDY_ONLY:-}" ] || [[ " $STUDY_ONLY " == *" $n "* ]]; then names+=("$n"); fi
+  done
+  if [ -n "${DRY:-}" ]; then
+    steps=${STUDY_STEPS:-6} every=${STUDY_EVAL_EVERY:-3}
+  else
+    steps=${STUDY_STEPS:-$([ ${#devices[@]} -ge ${#names[@]} ] && echo 3000 || echo 500)}
+    every=${STUDY_EVAL_EVERY:-$((steps / 12 > 0 ? steps / 12 : 1))}
+  fi
+  # One OpenMP pool per trainer sized to its share of the cores: seven full-size pools on
+  # one host spin against each other in the trainers' CPU work.
+  threads=$(($(nproc) / ${#names[@]} > 0 ? $(nproc) / ${#names[@]} : 1))
+  left=$((${STUDY_END_S:-540} - SECONDS))
+  [ $left -ge 60 ] || left=60
+  mkdir -p "$W/study"
+  for n in "${names[@]}"; do
+    run=$W/study/$n
+    # A finished schedule is not run again: a resume at its last step evaluates that step anew.
+    if [ -f "$run.done" ]; then log "study $n: done earlier"; continue; fi
+    data=$W/data_x1
+    [[ " $STUDY_X2 " == *" $n "* ]] && data=$W/data
+    g=${devices[k % ${#devices[@]}]}
+    k=$((k + 1))
+    log "study $n on $g: $data, to step $steps, eval every $every, ${left}s"
+    # --run-id: `--resume-from latest` finds this variant's newest checkpoint on the next
+    # call (and starts at step 0 on the first); rc 0 only when the schedule completed.
+    (OMP_NUM_THREADS=$threads GPUS=$g SAVE=$every train "$n" "$data" "$run" "$steps" "$left" \
+      --run-id "$n" --resume-from latest --keep-checkpoints 2 --eval-every "$every" \
+      "${STUDY_EVAL[@]}" && touch "$run.done") &
+    pids+=($!)
+  done
+  [ ${#pids[@]} -eq 0 ] || wait "${pids[@]}"
+  local args=() streams=()
+  for n in "${names[@]}"; do
+    args+=("$n=$W/study/$n")
+    [ -f "$W/study/$n.out" ] && tail -2 "$W/study/$n.out" | cut -c1-300 >>"$OUT/log.txt"
+    [ -f "$W/study/$n/status.jsonl" ] && streams+=("$n/status.jsonl")
+  done
+  python3 bench/quality/study.py "${args[@]}" --out "$OUT" 2>>"$OUT/log.txt" | tee -a "$OUT/log.txt"
+  # every stream in one file: what comes back from a call is 8 files at most
+  [ ${#streams[@]} -eq 0 ] || tar -czf "$OUT/study_streams.tar.gz" -C "$W/study" "${streams[@]}"
 }
 
 stage_final() {

@@ -1,0 +1,103 @@
+"""bench/quality/study.py over real runs: two tiny CPU trainings of the real SmolLM2 target with
+different recipes, each evaluating held-out tau in the run (`--eval-every`), then the study as
+the quality session runs it: every variant's curve at the steps that evaluated, its recipe and
+what differs from the baseline in study.json, a table naming the variants, one PNG."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dflash_train.config.recipes import CPU_TINY
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 4
+EVAL = ("--eval-every", "2", "--eval-prompts", "1", "--eval-tokens", "8", "--eval-data", "builtin")
+# name -> what its recipe adds to the tests' tiny one (`wide` differs from `base` in three ways)
+VARIANTS = {
+    "base": (),
+    "wide": ("--draft-layers", "2", "--distill", "0.5"),
+}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"}
+    # Two runs share two cores: one thread each, or their OpenMP pools spin against each other.
+    return env | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+
+@pytest.fixture(scope="module")
+def study_dir(tmp_path_factory: pytest.TempPathFactory, prepared_data_dir: Path) -> Path:
+    """A study dir as the session's study stage leaves it: one run dir per variant, trained
+    side by side to the same step budget, evaluated at steps 2 and 4. `wide` trains on the
+    data twice an epoch (`DIR*2`), so its data differs from the baseline's too."""
+    root = tmp_path_factory.mktemp("study")
+    procs = []
+    for name, extra in VARIANTS.items():
+        data = f"{prepared_data_dir}*2" if name == "wide" else str(prepared_data_dir)
+        argv = [
+            sys.executable, "-m", "dflash_train", "train", "--target-model", "smollm2",
+            "--data-dir", data, "--output-dir", str(root / name), "--run-id", name,
+            *CPU_TINY.argv(), "--pipeline", "sync", "--max-steps", str(STEPS), *EVAL, *extra,
+        ]  # fmt: skip
+        log = (root / f"{name}.out").open("wb")
+        procs.append((name, log, subprocess.Popen(argv, env=_env(), stdout=log, stderr=log)))
+    for name, log, proc in procs:
+        rc = proc.wait(timeout=300)
+        log.close()
+        assert rc == 0, (root / f"{name}.out").read_text()[-3000:]
+    return root
+
+
+def _study(out: Path, *runs: str) -> dict[str, Any]:
+    argv = [sys.executable, "bench/quality/study.py", *runs, "--out", str(out)]
+    done = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((out / "study.json").read_text())
+
+
+def test_each_variants_curve_recipe_table_and_plot(study_dir: Path, tmp_path: Path) -> None:
+    # Named pairs, the baseline given second: the table compares with it, not the first.
+    study = _study(
+        tmp_path, f"wide={study_dir / 'wide'}", f"base={study_dir / 'base'}", "--baseline", "base"
+    )
+    assert study["baseline"] == "base"
+    variants = {v["name"]: v for v in study["variants"]}
+    assert list(variants) == ["wide", "base"]
+    for v in variants.values():
+        assert [p["step"] for p in v["curve"]] == [2, 4]
+        for point in v["curve"]:
+            assert point["tau"] >= 1.0 and point["score"] == point["tau"]
+            assert (point["prompts"], point["tokens"], point["lossless"]) == (1, 8, True)
+        assert v["final_step"] == 4 and v["final_tau"] == v["curve"][-1]["tau"]
+        assert v["best_tau"] == max(p["tau"] for p in v["curve"])
+        assert (v["steps_done"], v["max_steps"], v["state"]) == (STEPS, STEPS, "completed")
+        assert v["config"]["eval_data"] == "builtin" and v["layer_ids"] == [15]
+    samples = variants["base"]["dataset"]["samples"]
+    assert variants["wide"]["dataset"]["samples"] == 2 * samples
+    assert variants["base"]["differs"] == []
+    assert variants["wide"]["differs"] == [
+        "distill 0.5", "draft_layers 2", f"data {2 * samples:,} samples (x2.0)"
+    ]  # fmt: skip
+    table = (tmp_path / "study.md").read_text()
+    assert "| base | (baseline) |" in table
+    assert "| wide | distill 0.5; draft_layers 2; data" in table
+    assert "1 prompts x up to 8 new tokens of builtin, float32" in table
+    png = (tmp_path / "study.png").read_bytes()
+    assert png.startswith(PNG_MAGIC) and len(png) > 10_000
+
+
+def test_a_study_dir_names_its_variants_by_folder_base_first(
+    study_dir: Path, tmp_path: Path
+) -> None:
+    study = _study(tmp_path, str(study_dir))
+    assert study["baseline"] == "base"
+    assert [v["name"] for v in study["variants"]] == ["base", "wide"]
+    assert study["highest_final_tau"] in ("base", "wide")
