@@ -5,6 +5,7 @@
 # package versions are the ones the wheels are fetched at) and pip's index.
 #   bash bench/scripts/make_carry.sh            # all of them
 #   bash bench/scripts/make_carry.sh prep tok   # some: decode prep tok tui stage quality
+#   bash bench/scripts/make_carry.sh check      # each planned call's tree + carry against 64 MiB
 # What each is for (the script header that carries it says how):
 #   decode   .weights_decode/gguf (SmolLM2's GGUF in two 44 MB parts + layout.json) and
 #            .whl_decode (gguf): decode_session.sh, eval_cost_session.sh
@@ -84,11 +85,40 @@ make_quality() {
   split_gguf .weights15/p3 40000000
 }
 
+# The carry of each call bench/README's next-session table plans (one line a call): a call
+# sends the working tree (tracked and untracked-not-ignored files) with what it carries, and
+# is refused above 64 MiB, after the device minutes of its start.
+CALLS=(
+  "eval_cost carry: .weights_decode/gguf/part-0 .weights_decode/gguf/layout.json .whl_decode .whl_prep"
+  "eval_cost measure: .weights_decode/gguf/part-1"
+  "prepare_workers: .whl_prep .bench_tok"
+  "prepare_console: .weights_decode/gguf/part-1 .whl_tui"
+  "target_stage carry stage: .whl .weights28/p/part-aa .weights28/gguf.sha256"
+  "target_stage carry: .weights28/p/part-ab"
+  "target_stage carry fidelity: .weights28/p/part-ac"
+  "quality carry: .whl15 .weights15/p3/part-aa .weights15/gguf.sha256"
+  "quality carry: .weights15/p3/part-ab"
+  "quality data: .weights15/p3/part-ac"
+)
+make_check() {
+  local tree call paths bytes limit=$((64 << 20)) worst=0
+  tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1 | cut -f1)
+  tree=$((tree + $(du -sb ../shared 2>/dev/null | cut -f1 || echo 0)))
+  for call in "${CALLS[@]}"; do
+    read -r -a paths <<<"${call#*: }"
+    bytes=$((tree + $(du -cb "${paths[@]}" | tail -1 | cut -f1)))
+    printf '%-30s %6.1f MiB  %s\n' "${call%%: *}" "$(echo "$bytes / 1048576" | bc -l)" \
+      "$([ $bytes -le $limit ] && echo "ok, $(((limit - bytes) >> 10)) KiB to spare" || echo OVER)"
+    [ $bytes -le $limit ] || worst=1
+  done
+  return $worst
+}
+
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(decode prep tok tui stage quality)
+[ ${#stages[@]} -gt 0 ] || stages=(decode prep tok tui stage quality check)
 for s in "${stages[@]}"; do
   case $s in
-    decode | prep | tok | tui | stage | quality) "make_$s" ;;
-    *) echo "make_carry: no part '$s' (decode prep tok tui stage quality)" >&2; exit 2 ;;
+    decode | prep | tok | tui | stage | quality | check) "make_$s" ;;
+    *) echo "make_carry: no part '$s' (decode prep tok tui stage quality check)" >&2; exit 2 ;;
   esac
 done
