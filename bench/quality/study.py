@@ -33,7 +33,6 @@ NOT_RECIPE = frozenset({
     "save_every", "max_bad_steps", "data_dir",
 })  # fmt: skip
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-EVAL_FIELDS = ("step", "tau", "tau_tf", "lossless", "prompts", "tokens", "seconds", "dtype")
 
 
 @dataclass
@@ -60,25 +59,15 @@ class Variant:
         return max(self.curve, key=lambda p: p["score"]) if self.curve else None
 
 
-def eval_points(stream: Path) -> list[dict[str, Any]]:
-    """Every held-out evaluation in the stream, one per step (the newest wins: a run resumed
-    at an evaluated step, or an evaluation by hand, scores that step again), ordered by step.
-    read_run keeps only each one's step and tau, so the lines are decoded here, by
-    protocol.py like every reader's."""
+def eval_points(series: RunSeries) -> list[dict[str, Any]]:
+    """Every held-out evaluation of the run, one per step (the newest wins: a run resumed at
+    an evaluated step, or an evaluation by hand, scores that step again), ordered by step,
+    each with its score by protocol.eval_score (a hybrid target's is teacher-forced)."""
     by_step: dict[int, dict[str, Any]] = {}
-    for raw in stream.read_bytes().splitlines():
-        if b'"eval"' not in raw:  # cheap: most lines are steps, queue and gpu readings
-            continue
-        line = protocol.decode_line(raw)
-        if not isinstance(line, protocol.StatusLine) or line.kind != "event":
-            continue
-        if line.get("code") != "eval":
-            continue
-        score = protocol.eval_score(line.fields)
-        if score is None:
-            continue
-        point = {k: line.get(k) for k in EVAL_FIELDS}
-        by_step[line["step"]] = point | {"score": score, "t": line.t}
+    for point in series.evals:
+        score = protocol.eval_score(point)
+        if score is not None:
+            by_step[point["step"]] = point | {"score": score}
     return [by_step[s] for s in sorted(by_step)]
 
 
@@ -112,7 +101,7 @@ def read_variant(name: str, run_dir: Path) -> Variant:
     variant.config = dict(start.get("config") or {}) or _recorded_config(run_dir)
     variant.layer_ids = start.get("layer_ids")
     variant.dataset = dict(start.get("dataset") or {})
-    variant.curve = eval_points(stream)
+    variant.curve = eval_points(series)
     # The last step line can be up to --log-every steps short of where a trainer stopped.
     ends = [series.end.get("step")] if series.end else []
     done = [*series.steps.tolist(), *ends, *(c["step"] for c in series.checkpoints)]

@@ -253,12 +253,15 @@ def _on_start(series: RunSeries, obj: dict[str, Any], step: int, t: float) -> No
     series.restarts.append(Mark(float(resumed if isinstance(resumed, int) else step), t, "restart"))
 
 
+# What an `eval` event reports beside its step and tau (missing ones read None).
+_EVAL_FIGURES = ("tau_tf", "lossless", "prompts", "tokens", "seconds", "dtype")
+
+
 def _on_event(series: RunSeries, obj: dict[str, Any], step: int, t: float) -> None:
     code = obj["code"]
     at = obj.get("step") if isinstance(obj.get("step"), int) else step
     if code == "eval" and any(isinstance(obj.get(k), (int, float)) for k in ("tau", "tau_tf")):
-        series.evals.append(
-            {"step": obj["step"], "t": t, "tau": obj["tau"], "tau_tf": obj.get("tau_tf")}
-        )
+        figures = {k: obj.get(k) for k in _EVAL_FIGURES}
+        series.evals.append({"step": obj["step"], "t": t, "tau": obj["tau"]} | figures)
     elif obj["level"] in ("warning", "error") and code not in _NOT_ALERTS:
         series.alerts.append(Mark(float(at), t, f"{code}: {obj['message']}", obj["level"]))
