@@ -103,7 +103,7 @@ class PaneRefresh:
             shown = state.prepare if preparing else state.queue
             queue.border_title = PREPARE_TITLE if preparing else HsQueuePane.BORDER_TITLE
             queue.update(
-                render_prepare(state.prepare, colours, width)
+                render_prepare(state.prepare, colours, width, state.run_state == "preparing")
                 if preparing
                 else render_queue(state.queue, colours, width),
                 layout=self.changed("queue-shape", (preparing, shown is None)),
@@ -189,7 +189,10 @@ def _prepare_progress(state: RunState) -> tuple[int, int, float] | None:
 
 
 def _prepare_eta(state: RunState) -> float | None:
-    """A prepare's time left, from its newest progress line."""
+    """A prepare's time left, from its newest progress line; none once it is not going (a
+    prepare cut by --max-seconds ends with answers left and its last line's ETA)."""
+    if state.run_state != "preparing":
+        return None
     eta = state.prepare.get("eta_s") if state.prepare is not None else None
     return float(eta) if isinstance(eta, (int, float)) else None
 

@@ -17,8 +17,10 @@ TITLE = "2 prepare"
 
 
 def render_prepare(
-    line: StatusLine | None, colours: Mapping[str, str], width: int
+    line: StatusLine | None, colours: Mapping[str, str], width: int, going: bool = True
 ) -> RenderableType:
+    """`going`: the prepare still runs; once it ended (finished, stopped, crashed) its last
+    line's ETA is no longer true and is not shown."""
     if line is None:
         return Text("loading the target; waiting for the first answers…", style="dim")
     done, total = int(line["answers_done"]), int(line["answers_total"])
@@ -30,7 +32,7 @@ def render_prepare(
     out.append(units.bar(fraction, max(8, min(40, width - 4))) + "\n", style=colours["success"])
     out.append(f"{units.token_rate(line['tokens_per_s'])} answer tok/s", style="bold")
     out.append(f" ({int(line['answer_tokens']):,} tokens)")
-    eta = line["eta_s"]
+    eta = line["eta_s"] if going else None
     out.append(f"   ETA {units.duration(float(eta)) if eta is not None else '–'}")
     truncated = int(line["truncated"])
     style = colours["warning"] if truncated else ""

@@ -64,6 +64,10 @@ async def test_a_launched_prepare_streams_progress_and_reads_preparing(tmp_path:
             # The pane redraws on the app's timer, maybe after the header: wait for it.
             assert app.state.prepare["answers_done"] == 3
             await wait_until(pilot, lambda: "answers 3/3" in str(pane.render()))
+            # Ended, it has no time left: neither the header nor the pane keeps the last
+            # line's ETA (a prepare cut by --max-seconds showed "ETA 18m 31s" when FINISHED).
+            assert header_facts(app, app.clock()).eta_s is None
+            await wait_until(pilot, lambda: "ETA –" in str(pane.render()))
             # The throughput pane plots the answer tokens/s against the answer tokens made.
             throughput = app.screen.query_one(ThroughputPane)
 
