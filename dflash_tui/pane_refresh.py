@@ -95,7 +95,8 @@ class PaneRefresh:
             )
         queue = main.query_one(HsQueuePane)
         preparing = state.mode == "prepare"
-        signature = (seen["queue"], seen["prepare"], preparing, theme, queue.size)
+        going = state.run_state == "preparing"  # an ended prepare's pane drops its ETA
+        signature = (seen["queue"], seen["prepare"], preparing, going, theme, queue.size)
         if queue.display and readings_due and self.changed("queue", signature):
             self.drew("readings")
             width = queue.content_size.width
@@ -103,7 +104,7 @@ class PaneRefresh:
             shown = state.prepare if preparing else state.queue
             queue.border_title = PREPARE_TITLE if preparing else HsQueuePane.BORDER_TITLE
             queue.update(
-                render_prepare(state.prepare, colours, width, state.run_state == "preparing")
+                render_prepare(state.prepare, colours, width, going)
                 if preparing
                 else render_queue(state.queue, colours, width),
                 layout=self.changed("queue-shape", (preparing, shown is None)),

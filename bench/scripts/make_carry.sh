@@ -92,7 +92,7 @@ CALLS=(
   "eval_cost carry: .weights_decode/gguf/part-0 .weights_decode/gguf/layout.json .whl_decode .whl_prep"
   "eval_cost measure: .weights_decode/gguf/part-1"
   "prepare_workers: .whl_prep .bench_tok"
-  "prepare_console: .weights_decode/gguf/part-1 .whl_tui"
+  "prepare_console ready start: .weights_decode/gguf/part-1 .whl_tui"
   "target_stage carry stage: .whl .weights28/p/part-aa .weights28/gguf.sha256"
   "target_stage carry: .weights28/p/part-ab"
   "target_stage carry fidelity: .weights28/p/part-ac"

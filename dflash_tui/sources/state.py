@@ -32,6 +32,10 @@ STEP_METRICS = ("loss", "acc", "tau", "ktok_s", "lr", "grad_norm")
 QUEUE_VALUES = ("hs_ready", "producer_wait", "consumer_wait", "starved")
 GPU_VALUES = ("util", "power_w", "mem_used", "temp_c")
 PREPARE_RATE = "prepare_tok_s"  # the history series of a prepare's answer tokens/s
+# How far back a prepare's rate "now" reaches. Its lines come every ~2 s, and on an H200 the
+# answer tokens between two of them swung from 0 to 92,000 a second (a batch ends, a chunk is
+# written) around a steady 69,000: one pair of lines is noise, 10 s of them is the rate.
+PREPARE_RATE_WINDOW_S = 10.0
 # Per-GPU values kept over the whole run (the heatmap's choices).
 GPU_HISTORY_VALUES = ("util", "power_w")
 CHECKPOINTS_KEPT = 2000
@@ -150,9 +154,10 @@ class RunState:
         # are its progress; "train" otherwise.
         self.mode = "train"
         self.prepare: StatusLine | None = None
-        # Answer tokens a second between its last two progress lines (the lines' own
-        # tokens_per_s is the average since generation began).
+        # Answer tokens a second over its newest PREPARE_RATE_WINDOW_S of progress lines
+        # (the lines' own tokens_per_s is the average since generation began).
         self.prepare_rate: float | None = None
+        self._prepare_points: deque[tuple[float, int]] = deque()
         # The newest held-out evaluation, and each evaluated step's (the checkpoints' scores).
         self.heldout: HeldoutTau | None = None
         self.heldout_scores: dict[int, HeldoutTau] = {}
@@ -240,8 +245,8 @@ class RunState:
             self.pace.restart()  # the ETA follows this segment's pace only
 
     def _apply_prepare(self, line: StatusLine) -> None:
-        previous, self.prepare = self.prepare, line
-        rate = _prepare_rate(previous, line)
+        self.prepare = line
+        rate = _prepare_rate(self._prepare_points, line)
         self.prepare_rate = rate
         self.history.add(PREPARE_RATE, float(line["answer_tokens"]), rate, line.t)
 
@@ -293,7 +298,10 @@ class RunState:
                 names, recent=RECENT_GPU_ROWS
             )
         values = tuple(gpu.get(name) for gpu in gpus for name in GPU_HISTORY_VALUES)
-        rows.add(self.step or 0, t, values)
+        # The whole-run levels merge rows by x: a prepare has no steps (every row at step 0
+        # merged into one point, the GPU history showing only the newest reading), so its
+        # rows go by time.
+        rows.add(t if self.mode == "prepare" else self.step or 0, t, values)
         for gpu in gpus:
             index = gpu["index"]
             self._gpus[index] = gpu
@@ -550,16 +558,21 @@ _HANDLERS: dict[str, Callable[[RunState, StatusLine], None]] = {
 }
 
 
-def _prepare_rate(previous: StatusLine | None, line: StatusLine) -> float | None:
-    """Answer tokens a second since the previous progress line; the line's own average
-    for the first one, or when the count went back (a prepare started again)."""
-    average = line["tokens_per_s"]
-    if previous is None:
-        return float(average)
-    tokens = int(line["answer_tokens"]) - int(previous["answer_tokens"])
-    seconds = line.t - previous.t
-    if tokens < 0:
-        return float(average)
+def _prepare_rate(points: deque[tuple[float, int]], line: StatusLine) -> float | None:
+    """Answer tokens a second over the newest PREPARE_RATE_WINDOW_S of progress lines
+    (`points`: their times and answer tokens, kept here); the line's own average for the
+    first one, or when the count went back (a prepare started again)."""
+    tokens = int(line["answer_tokens"])
+    if points and tokens < points[-1][1]:
+        points.clear()
+    points.append((line.t, tokens))
+    # The oldest point kept is the newest one at least the window back, once there is one.
+    while len(points) > 2 and line.t - points[1][0] >= PREPARE_RATE_WINDOW_S:
+        points.popleft()
+    if len(points) == 1:
+        return float(line["tokens_per_s"])
+    first_t, first_tokens = points[0]
+    seconds = line.t - first_t
     if seconds <= 0:
-        return None  # the same moment (a replayed burst): no rate of its own
-    return tokens / seconds
+        return None  # every line at one moment (a replayed burst): no rate of its own
+    return (tokens - first_tokens) / seconds

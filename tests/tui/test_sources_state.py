@@ -3,6 +3,8 @@ ETA, decimation, and a long history kept within its bounds."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -278,19 +280,69 @@ def _progress(seq: int, t: float, done: int, tokens: int, average: float) -> Sta
     )  # fmt: skip
 
 
-def test_a_prepares_rate_now_is_between_its_last_two_lines() -> None:
+def test_a_prepares_rate_now_spans_its_newest_ten_seconds_of_lines() -> None:
     """The lines' tokens_per_s is the average since generation began; the throughput pane's
-    'now' and its plot are the rate between consecutive lines, against answer tokens."""
+    'now' and its plot are the rate over the newest PREPARE_RATE_WINDOW_S (10 s) of lines,
+    against answer tokens: between two lines it swings with the batches."""
     state = RunState()
     state.apply(run_start(mode="prepare"))
     state.apply(_progress(1, 1000.0, 10, 4_000, 400.0))
     assert state.prepare_rate == 400.0  # the first line: its own average
-    state.apply(_progress(2, 1010.0, 30, 10_000, 500.0))
-    assert state.prepare_rate == 600.0  # 6,000 tokens in 10 s
-    state.apply(_progress(3, 1010.0, 30, 10_000, 500.0))
-    assert state.prepare_rate is None  # the same moment again: no rate of its own
+    state.apply(_progress(2, 1002.0, 10, 4_000, 400.0))
+    assert state.prepare_rate == 0.0  # a chunk being written: nothing new yet
+    state.apply(_progress(3, 1004.0, 30, 14_000, 500.0))
+    assert state.prepare_rate == 2_500.0  # 10,000 tokens in the 4 s since the first
+    state.apply(_progress(4, 1012.0, 40, 30_000, 600.0))
+    # The window reaches back to the newest line at least 10 s old (t=1002), no further.
+    assert state.prepare_rate == 2_600.0  # 26,000 tokens in 10 s
+    state.apply(_progress(5, 1012.0, 40, 30_000, 600.0))
+    assert state.prepare_rate == 2_600.0  # the same moment again: the same rate
     view = state.history.view("prepare_tok_s", None, 80)
-    assert (view.xs, view.highs) == ([4_000, 10_000], [400.0, 600.0])
+    assert view.xs == [4_000, 14_000, 30_000] and view.highs == [400.0, 2_500.0, 2_600.0]
     # The count went back (the prepare started again): its own average, not a negative rate.
-    state.apply(_progress(4, 1020.0, 35, 2_000, 250.0))
+    state.apply(_progress(6, 1020.0, 35, 2_000, 250.0))
     assert state.prepare_rate == 250.0
+    state.apply(_progress(7, 1022.0, 36, 3_000, 300.0))
+    assert state.prepare_rate == 500.0  # the window starts again at the restart
+
+
+def test_a_real_h200_prepares_rate_now_is_its_steady_rate() -> None:
+    """The stream of a launched prepare on an H200 (bench/results/prepare_launch_h200_
+    2026-12-05: 112,000 answers at 69,170 answer tokens/s on average): between two lines
+    the rate went from 0 to ~92,000; over 10 s of lines it stays near the average."""
+    stream = Path(__file__).parents[2] / "bench/results/prepare_launch_h200_2026-12-05"
+    state = RunState()
+    pairs: list[float] = []
+    steady: list[float] = []
+    previous = None
+    lines = (stream / "status.jsonl").read_text().splitlines()
+    started = json.loads(lines[0])["t"]
+    for text in lines:
+        decoded = protocol.decode_line(text)
+        assert isinstance(decoded, StatusLine)
+        state.apply(decoded)
+        if decoded.kind != "prepare":
+            continue
+        if previous is not None and decoded.t > previous.t:
+            tokens = decoded["answer_tokens"] - previous["answer_tokens"]
+            pairs.append(tokens / (decoded.t - previous.t))
+        previous = decoded
+        if decoded.t - started >= 30 and state.prepare_rate is not None:
+            steady.append(state.prepare_rate)
+    assert min(pairs) == 0.0 and max(pairs) > 90_000  # what the last two lines gave
+    assert len(steady) > 100
+    assert all(55_000 < rate < 80_000 for rate in steady), (min(steady), max(steady))
+
+
+def test_a_prepares_gpu_history_spans_the_whole_run() -> None:
+    """A prepare has no steps: its GPU readings still draw the whole run against time (they
+    were merged into the newest one, all at step 0). The H200 prepare's 62 readings."""
+    stream = Path(__file__).parents[2] / "bench/results/prepare_launch_h200_2026-12-05"
+    state = RunState()
+    for text in (stream / "status.jsonl").read_text().splitlines():
+        state.apply(protocol.decode_line(text))
+    readings = [json.loads(x) for x in (stream / "status.jsonl").read_text().splitlines()]
+    times = [r["t"] for r in readings if r["kind"] == "gpu"]
+    view = state.gpu_view(0, "util", None, 120)
+    assert len(view.xs) == len(times) == 62
+    assert (view.xs[0], view.xs[-1]) == (times[0], times[-1])
