@@ -22,6 +22,7 @@ from dflash_tui.sources.transport import Transport
 KINDS = tuple(protocol.KINDS)
 # What `[` and `]` jump between: the moments an operator looks for in a finished run.
 MARK_KINDS = frozenset({"run_start", "checkpoint", "event", "run_end"})
+PROGRESS_KINDS = frozenset({"step", "prepare"})
 # Snapshots of the state: at most this many, at least this many lines apart.
 MAX_SNAPSHOTS = 24
 MIN_SNAPSHOT_GAP = 256
@@ -166,9 +167,10 @@ class Timeline:
         return None
 
     def next_step(self, direction: int) -> int:
-        """The index of the next (+1) or previous (-1) step line from the cursor; the
-        stream's first or last line when there is none."""
-        found = self._find(frozenset({"step"}), self.position + direction, direction)
+        """The index of the next (+1) or previous (-1) step line from the cursor, or a
+        prepare's progress line (a prepare has no steps: ←/→ jumped from its first line to
+        its last); the stream's first or last line when there is none."""
+        found = self._find(PROGRESS_KINDS, self.position + direction, direction)
         if found is None:
             return self.end if direction > 0 else 0
         return found

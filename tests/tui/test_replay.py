@@ -79,6 +79,19 @@ def test_cursor_moves_by_steps_and_marks() -> None:
     assert timeline.kind(timeline.next_mark(-1)) == "event"  # the control ack before it
 
 
+def test_cursor_moves_by_a_prepares_progress_lines() -> None:
+    """A prepare has no step lines: ←/→ walk its progress lines (the H200 prepare's 165)."""
+    path = Path(__file__).parents[2] / "bench/results/prepare_launch_h200_2026-12-05"
+    timeline = Timeline(read_stream_file(path / "status.jsonl"))
+    timeline.seek(0)
+    visited = []
+    while (found := timeline.next_step(1)) != timeline.end:
+        visited.append(timeline.line(found)["answers_done"])
+        timeline.seek(found)
+    assert len(visited) == 165 and visited == sorted(visited) and visited[-1] == 112_000
+    assert timeline.kind(timeline.next_step(-1)) == "prepare"
+
+
 def test_rotated_and_half_written_streams(tmp_path: Path) -> None:
     raws = stream(20)
     rotated = tmp_path / "status.a1b2c3d4e5f6.jsonl"
