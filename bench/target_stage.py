@@ -3,7 +3,10 @@ pure-PyTorch fallback, on fla's gated delta rule with the reference conv1d (what
 run had), on fla with fla's Triton conv1d (the fast path), the fast path compiled, and the
 fast path in fp8 (torchao float8, rowwise) compiled; `random:qwen3-8b` 8x2048 bf16 compiled
 against fp8 eager and compiled. One model build per target; the variants swap the kernels in
-the modeling module (targets/linear_attention.py) or quantise in place (fp8 last).
+the modeling module (targets/linear_attention.py) or quantise in place (fp8 last). Compiled
+cases compile as the trainer does (compile_target_layers: a hybrid's linear-attention kernels
+behind opaque ops, targets/kernel_ops.py) and report compile_s and the dynamo graphs, frames
+and graph breaks the case added.
 
     PYTHONPATH=$PWD:$PWD/bench python bench/target_stage.py --out /tmp/target_stage.json
 
@@ -56,6 +59,17 @@ def useful_flops_per_token(target: Target, seq: int) -> tuple[float, str]:
     return flops, text
 
 
+def _dynamo_counts() -> dict[str, int]:
+    """Graphs dynamo compiled, frames it saw and graph breaks, so far in this process."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "graphs": counters["stats"]["unique_graphs"],
+        "frames": counters["frames"]["total"],
+        "graph_breaks": sum(counters["graph_break"].values()),
+    }
+
+
 def _reset_compile(target: Target) -> None:
     uncompile_target_layers(target)
     torch._dynamo.reset()
@@ -99,11 +113,17 @@ class Bench:
             return None
         log(f"{name} ...")
         try:
+            graphs_before = _dynamo_counts()
             timed = time_target(target, rows, seq, calls or self.calls, compiled)
+            if compiled:  # compile_s is the first call's excess over a timed one
+                after = _dynamo_counts()
+                timed |= {key: after[key] - graphs_before[key] for key in after}
             per_token, text = flops
             timed["mfu"] = round(per_token * rows * seq / (timed["ms_per_step"] / 1e3) / PEAK, 4)
             timed["flop_count"] = text
             timed["kernels"] = {"layer_paths": la.layer_paths(target), **(extra or {})}
+            if compiled:
+                timed["kernels"]["compiled_parts"] = la.compiled_parts(target.model)
             cases[name] = timed
             log(f"{name}: {json.dumps(timed)}")
         except Exception as exc:

@@ -124,10 +124,16 @@ def compile_target_layers(
     target: Target, layer_ids: Sequence[int], backend: str = "inductor"
 ) -> int:
     """torch.compile each decoder layer up to the deepest needed one (the forward stops
-    there). Layers of one class share one compiled graph. Only `forward` is compiled, so
-    extract_context's hooks still run eagerly around it. Returns the layers compiled."""
+    there). Layers of one class share one compiled graph per layer type. Only `forward` is
+    compiled, so extract_context's hooks still run eagerly around it. A hybrid's
+    linear-attention kernels go behind opaque ops first (targets/kernel_ops.py: traced, they
+    made a graph per sequence length that never finished compiling on the H200); a dense
+    target is untouched. Returns the layers compiled."""
     import torch
 
+    from dflash_train.targets.linear_attention import make_kernels_opaque
+
+    make_kernels_opaque(target.model)
     count = 0
     for layer in target.layers[: max(layer_ids) + 1]:
         if "forward" not in vars(layer):

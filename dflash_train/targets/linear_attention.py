@@ -7,7 +7,8 @@ short convolution, else a pure-PyTorch reference for each. `causal-conv1d` is a 
 extension with no wheel on the package index, so where it is missing and `fla` is there,
 `use_fast_conv1d` swaps in fla's Triton short convolution (same arithmetic). The report
 (`layer_paths`) goes into run_start, and `fallback_warning` into a warning event, so a run on
-the slow reference never goes unnoticed again."""
+the slow reference never goes unnoticed again. Before the layers compile, `make_kernels_opaque`
+puts both kernels behind custom ops (kernel_ops.py), whichever implementation each runs."""
 
 from __future__ import annotations
 
@@ -66,8 +67,12 @@ def _kernel_function(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _implementation(function: Callable[..., Any]) -> str:
-    """The package a transformers kernel wrapper dispatches to, or TORCH for its reference."""
+    """The package a transformers kernel wrapper dispatches to, or TORCH for its reference;
+    through the opaque ops' wrappers (kernel_ops.py) to the function they call."""
     function = _kernel_function(function)
+    replaced = getattr(function, "replaced", None)
+    if replaced is not None:
+        return _implementation(replaced)
     if getattr(function, "_dflash_fast_conv1d", False):
         return FLA_TRITON
     try:
@@ -140,8 +145,8 @@ def _fla_conv1d(reference: Callable[..., Any]) -> Callable[..., Any]:
 
     import torch
 
-    # Left out of compiled graphs, as fla already does for its gated delta rule: dynamo traced
-    # into this Triton kernel and the hybrid's compile ran past 6 minutes on the H200.
+    # Never traced: compile_target_layers puts it behind an opaque op (kernel_ops.py); where
+    # something else compiles the model, a graph break is better than tracing the Triton kernel.
     wrapped = torch.compiler.disable(fast_conv1d)
     wrapped._dflash_fast_conv1d = True  # type: ignore[attr-defined]
     wrapped.reference = reference  # type: ignore[attr-defined]
@@ -162,6 +167,38 @@ def use_fast_conv1d(model: nn.Module) -> bool:
     return True
 
 
+def make_kernels_opaque(model: nn.Module) -> bool:
+    """Route a hybrid model's linear-attention kernels, whichever implementation each runs,
+    through kernel_ops' custom ops, so that a compiled layer neither traces nor breaks around
+    them (kernel_ops.py says why). Idempotent; False for a model without such layers."""
+    module = _linear_attention_module(model)
+    if module is None:
+        return False
+    from dflash_train.targets.kernel_ops import OPAQUE
+
+    for part, (name, _) in PARTS.items():
+        current = _kernel_function(getattr(module, name))
+        if getattr(current, "replaced", None) is None:
+            setattr(module, name, OPAQUE[part](current))
+    return True
+
+
+COMPILED_LAYER = "whole layer"
+COMPILED_HYBRID_LAYER = "whole layer; gated_delta_rule and conv1d as opaque ops, not traced"
+
+
+def compiled_parts(model: nn.Module) -> dict[str, str]:
+    """What compile_target_layers puts in the compiled graph of each layer type (run_start
+    reports it beside layer_paths)."""
+    types = layer_types(model)
+    parts = {}
+    if "full_attention" in types:
+        parts["full_attention"] = COMPILED_LAYER
+    if "linear_attention" in types:
+        parts["linear_attention"] = COMPILED_HYBRID_LAYER
+    return parts
+
+
 def use_reference_kernels(model: nn.Module) -> None:
     """Every linear-attention part back on the pure-PyTorch reference (the benchmark's
     fallback case): the functions transformers wrapped keep it as `__wrapped__`."""
@@ -170,6 +207,8 @@ def use_reference_kernels(model: nn.Module) -> None:
         return
     for name, _ in PARTS.values():
         function = _kernel_function(getattr(module, name))
+        while getattr(function, "replaced", None) is not None:  # an opaque op's wrapper
+            function = _kernel_function(function.replaced)  # type: ignore[attr-defined]
         reference = getattr(function, "reference", None) or getattr(function, "__wrapped__", None)
         if reference is not None:
             setattr(module, name, _keyword_filter(reference))
