@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from speed_drafter import PEAK, DrafterRig, _sync, drafter_config, log, time_drafter
 
+from dflash_train.model.drafter_compile import PROFILER_RANGE
+
 # speed_suite's shapes: (batch, seq, anchors, block, layers).
 SHAPES: dict[str, tuple[int, int, int, int, int]] = {
     "qwen3-8b": (8, 2048, 512, 16, 5),
@@ -44,7 +46,10 @@ GEMM_WORDS = ("gemm", "nvjet", "cutlass", "wgmma", "xmma", "cublas", "gemv", "sp
 MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addmv", "mv", "dot"}
 # Matched against the launching ops and ranges, forward context included.
 LOSS_WORDS = ("_linearcrossentropy", "cross_entropy", "logsumexp", "log_softmax", "nll_loss")
-# Outside the loss (tried first), the only compiled graphs in a drafter step are flex's.
+# The drafter's compiled pointwise stretches (inside PROFILER_RANGE): their fused kernels
+# count as norm where they hold an RMSNorm's reduction, else as elementwise.
+NORM_KERNEL_WORDS = ("rsqrt", "mean")
+# Outside the loss and those stretches (tried first), the compiled graphs are flex's.
 COMPILED_WORDS = ("compiledfunction", "torch-compiled region", "compiledfxgraph")
 OPTIMIZER_WORDS = ("optimizer.step", "adam", "multi_tensor_apply", "_foreach", "clip_grad")
 NORM_WORDS = ("rms_norm", "rmsnorm", "layer_norm")
@@ -70,6 +75,7 @@ class ProfileRequest:
     warmup: int
     steps: int
     out: Path
+    compile_layers: bool = True
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,8 @@ def categorise(item: Item) -> str:
         return "matmul"
     if any(w in name or w in context for w in LOSS_WORDS):
         return "loss"
+    if PROFILER_RANGE in context:
+        return "norm" if any(w in name for w in NORM_KERNEL_WORDS) else "elementwise"
     if any(w in context for w in COMPILED_WORDS):
         return "attention"
     if any(w in name or w in context for w in OPTIMIZER_WORDS):
@@ -280,7 +288,9 @@ def profile_drafter(req: ProfileRequest) -> dict[str, Any]:
         torch.cuda.set_device(req.device)
         torch.backends.cuda.matmul.allow_tf32 = True  # as speed_suite runs it
     config = drafter_config(req.dims, req.layers, req.block)
-    rig = DrafterRig(config, req.batch, req.seq, req.anchors, req.device)
+    rig = DrafterRig(
+        config, req.batch, req.seq, req.anchors, req.device, compile_layers=req.compile_layers
+    )
     log(f"{req.dims} {req.batch}x{req.seq}: warm-up (compile, {req.warmup} timed steps)")
     timing = time_drafter(rig, req.attention, req.warmup)
     req.out.mkdir(parents=True, exist_ok=True)
@@ -313,6 +323,7 @@ def profile_drafter(req: ProfileRequest) -> dict[str, Any]:
             "block": req.block,
             "layers": req.layers,
             "attention": req.attention,
+            "drafter_layers": timing["drafter_layers"],
         },
         "steps_profiled": len(step_walls),
         "measure": "CUDA kernels" if on_device else "CPU op self time (no device)",
@@ -337,7 +348,8 @@ def profile_drafter(req: ProfileRequest) -> dict[str, Any]:
 
 def print_table(result: dict[str, Any]) -> None:
     shape = result["shape"]
-    print(f"{result['dims']} {shape['batch']}x{shape['seq']} {shape['attention']}: "
+    print(f"{result['dims']} {shape['batch']}x{shape['seq']} {shape['attention']}, "
+          f"layers {shape['drafter_layers']}: "
           f"step {result['step_ms']} ms (profiled {result['profiled_step_ms']} ms), "
           f"{result['measure']}")  # fmt: skip
     print(f"  {'category':<15}{'ms/step':>10}{'share':>8}")
@@ -369,6 +381,10 @@ def parse_args(argv: list[str] | None = None) -> ProfileRequest:
     p.add_argument("--warmup", type=int, default=3, help="timed steps before profiling")
     p.add_argument("--steps", type=int, default=3, help="profiled steps")
     p.add_argument("--out", type=Path, default=Path("profile_drafter"))
+    p.add_argument(
+        "--drafter-layers", choices=("compiled", "eager"), default="compiled",
+        help="compiled: the trainer's default on CUDA (drafter_compile.py); the CPU runs eager",
+    )  # fmt: skip
     a = p.parse_args(argv)
     dims = "tiny" if a.smoke else a.dims
     attention = a.attention or ("flex" if a.device == "cuda" else "sdpa")
@@ -380,6 +396,7 @@ def parse_args(argv: list[str] | None = None) -> ProfileRequest:
         batch=a.batch or batch, seq=a.seq or seq, anchors=a.anchors or anchors,
         block=a.block or block, layers=a.layers or layers, attention=attention,
         warmup=1 if a.smoke else a.warmup, steps=a.steps, out=a.out,
+        compile_layers=a.drafter_layers == "compiled",
     )  # fmt: skip
 
 

@@ -12,6 +12,11 @@ import torch
 
 from dflash_train.model.dflash_loss import sample_anchors
 from dflash_train.model.drafter import DFlashConfig, DFlashDrafter
+from dflash_train.model.drafter_compile import (
+    compile_drafter,
+    drafter_compile_wanted,
+    drafter_compiled,
+)
 from dflash_train.pipeline.drafter_step import DrafterStepper, StepConfig
 from dflash_train.pipeline.stage_timers import StageTimers
 from dflash_train.pipeline.target_workers import HiddenBatch
@@ -106,7 +111,9 @@ def drafter_config(dims: str, layers: int, block: int, context_layers: int = 5) 
 
 
 class DrafterRig:
-    """A drafter + stepper with random frozen embedding/lm_head and in-memory batches."""
+    """A drafter + stepper with random frozen embedding/lm_head and in-memory batches. The
+    drafter's layers compile as the trainer's do (drafter_compile.py: on CUDA, unless
+    `compile_layers` is False); time_drafter's warm-up compiles their graphs."""
 
     def __init__(
         self,
@@ -117,6 +124,7 @@ class DrafterRig:
         device: torch.device,
         embed: Any = None,
         head: Any = None,
+        compile_layers: bool = True,
     ) -> None:
         torch.manual_seed(0)
         self.config, self.rows, self.seq, self.anchors, self.device = (
@@ -134,6 +142,8 @@ class DrafterRig:
             head.requires_grad_(False)
         self.embed, self.head = embed, head
         self.drafter = DFlashDrafter(config).to(device)
+        if drafter_compile_wanted(device, compile_layers):
+            compile_drafter(self.drafter)
         self.stepper = DrafterStepper(
             self.drafter,
             self.drafter,
@@ -210,6 +220,7 @@ def time_drafter(rig: DrafterRig, backend: str, steps: int) -> dict[str, Any]:
         "useful_tflop_per_step": round(flops / 1e12, 2),
         "compile_s": round(compile_s, 2),
         "graphs_compiled_while_timed": recompiled,
+        "drafter_layers": "compiled" if drafter_compiled(rig.drafter) else "eager",
         "params_m": round(sum(p.numel() for p in rig.drafter.parameters()) / 1e6, 1),
     }
 

@@ -136,3 +136,28 @@ def test_cuda_trace_reading(monkeypatch: pytest.MonkeyPatch) -> None:
     top = result["top_kernels"]
     assert (top[0]["name"], top[0]["launched_by"]) == (CUDA_TRACE[-11]["name"], "aten::mm")
     assert (top[1]["category"], top[1]["launched_by"]) == ("attention", "CompiledFunction")
+
+
+def test_compiled_drafter_layers_count_as_norm_and_elementwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The drafter's compiled stretches run inside drafter_compile.PROFILER_RANGE: their
+    fused kernels are its norms and pointwise work, not flex's compiled graph; their GEMMs
+    stay matmul. Backward work carries the forward op's path (read_trace), range included."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    from profile_drafter import Item, categorise
+
+    def item(name: str, context: str, launcher: str) -> Item:
+        return Item(name, 1.0, 0.0, 1.0, context, launcher, "kernel")
+
+    forward = "profilerstep#1 / drafter_pointwise:qkv / torch-compiled region: 2/0"
+    backward = "autograd::engine::evaluate_function: compiledfunctionbackward <- " + forward
+    flex = "profilerstep#1 / torch-compiled region: 1/0 / compiledfunction"
+    cases = {
+        ("triton_red_fused__to_copy_mean_mul_pow_rsqrt_0", forward, "triton_red"): "norm",
+        ("triton_poi_fused_add_cat_mul_neg_1", forward, "triton_poi"): "elementwise",
+        ("triton_per_fused__to_copy_mul_sum_2", backward, "triton_per"): "elementwise",
+        ("nvjet_tst_128x256_64x4_2x1_v_bz_TNT", forward, "aten::mm"): "matmul",
+        ("triton_per_fused_mul_sum_1", flex, "triton_per"): "attention",
+    }
+    assert {key: categorise(item(*key)) for key in cases} == cases

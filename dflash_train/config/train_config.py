@@ -144,6 +144,11 @@ class ModelOptions:
         choices=("auto", "sdpa", "flex"),
         env="DFLASH_ATTENTION",
     )
+    compile_drafter: bool = option(
+        "bool", True, "torch.compile the drafter layers' pointwise work: norms, rotary, SwiGLU, "
+        "residuals (CUDA drafters only)",
+        env="DFLASH_COMPILE_DRAFTER",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

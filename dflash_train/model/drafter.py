@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 CONFIG_FILE = "drafter_config.json"
 WEIGHTS_FILE = "drafter.safetensors"
 MASK_MODES = ("token", "learned")
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin [B, 1, P, head_dim]
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ class Rotary(nn.Module):
         exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
         self.register_buffer("inv_freq", 1.0 / theta**exponents, persistent=False)
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, positions: torch.Tensor) -> Rope:
         """[B, P] absolute positions -> cos, sin of shape [B, 1, P, head_dim] (float32)."""
         freqs = positions.float()[..., None] * self.inv_freq.float()
         angles = torch.cat((freqs, freqs), dim=-1)[:, None]
@@ -155,6 +156,8 @@ def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
 
 
 class DFlashAttention(nn.Module):
+    """The attention's weights; DFlashDecoderLayer runs them around `attend`."""
+
     def __init__(self, config: DFlashConfig) -> None:
         super().__init__()
         c = config
@@ -166,25 +169,11 @@ class DFlashAttention(nn.Module):
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        context: torch.Tensor,
-        rope_q: tuple[torch.Tensor, torch.Tensor],
-        rope_k: tuple[torch.Tensor, torch.Tensor],
-        layout: AttentionLayout,
-    ) -> torch.Tensor:
-        batch, queries, _ = x.shape
-        keys = context.shape[1] + queries
-        q = self.q_norm(self.q_proj(x).view(batch, queries, self.num_heads, self.head_dim))
-        # One projection for context and block tokens: keys/values = [proj(ctx); proj(x)].
-        both = torch.cat((context, x), dim=1)
-        k = self.k_norm(self.k_proj(both).view(batch, keys, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(both).view(batch, keys, self.num_kv_heads, self.head_dim)
-        q = _apply_rotary(q.transpose(1, 2), *rope_q)
-        k = _apply_rotary(k.transpose(1, 2), *rope_k)
-        out = attend(q, k, v.transpose(1, 2), layout, scale=self.head_dim**-0.5)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, queries, -1))
+
+def _merge_heads(attended: torch.Tensor) -> torch.Tensor:
+    """[B, Hq, Q, D] attention output -> [B, Q, Hq*D], the o_proj input."""
+    batch, _, queries, _ = attended.shape
+    return attended.transpose(1, 2).reshape(batch, queries, -1)
 
 
 class DFlashMLP(nn.Module):
@@ -206,15 +195,48 @@ class DFlashDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
+    # The layer runs as three stretches so the two around attention, all its pointwise work
+    # (norms, rotary, residuals, SwiGLU), can be compiled alone (drafter_compile.py), while
+    # attention keeps its own kernel and graphs (attention_layout.py).
     def forward(
         self,
         x: torch.Tensor,
         context: torch.Tensor,
-        rope_q: tuple[torch.Tensor, torch.Tensor],
-        rope_k: tuple[torch.Tensor, torch.Tensor],
+        rope_q: Rope,
+        rope_k: Rope,
         layout: AttentionLayout,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), context, rope_q, rope_k, layout)
+        q, k, v = self.attention_inputs(x, context, rope_q, rope_k)
+        attended = attend(q, k, v, layout, scale=self.self_attn.head_dim**-0.5)
+        # Merged here, not in the compiled stretch: flex's output is a slice of its padded
+        # one, whose strides would make a graph per padding (the merge copies it anyway).
+        return self.attention_output_and_mlp(x, _merge_heads(attended))
+
+    def attention_inputs(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor,
+        rope_q: Rope,
+        rope_k: Rope,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, Q, H], context [B, S, H] -> q [B, Hq, Q, D], k and v [B, Hkv, S+Q, D], q and
+        k normed and rotated."""
+        a = self.self_attn
+        h = self.input_layernorm(x)
+        batch, queries, _ = h.shape
+        keys = context.shape[1] + queries
+        q = a.q_norm(a.q_proj(h).view(batch, queries, a.num_heads, a.head_dim))
+        # One projection for context and block tokens: keys/values = [proj(ctx); proj(h)].
+        both = torch.cat((context, h), dim=1)
+        k = a.k_norm(a.k_proj(both).view(batch, keys, a.num_kv_heads, a.head_dim))
+        v = a.v_proj(both).view(batch, keys, a.num_kv_heads, a.head_dim)
+        q = _apply_rotary(q.transpose(1, 2), *rope_q)
+        k = _apply_rotary(k.transpose(1, 2), *rope_k)
+        return q, k, v.transpose(1, 2)
+
+    def attention_output_and_mlp(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """x [B, Q, H], attended [B, Q, Hq*D] (heads merged) -> the layer's output."""
+        x = x + self.self_attn.o_proj(attended)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -291,7 +313,9 @@ class DFlashDrafter(nn.Module):
         rope_q = self.rotary(block_pos)
         rope_k = self.rotary(torch.cat((ctx_pos, block_pos), dim=1))
         layout = build_layout(anchors, valid, ctx_len, size, backend=self.attention_backend)
-        hidden = block_embeds
+        # A tensor of its own, not a view of embed_blocks' cat: a compiled layer guards on
+        # whether its input is a view, and the first layer would get graphs of its own.
+        hidden = block_embeds.clone()
         for layer in self.layers:
             hidden = layer(hidden, ctx, rope_q, rope_k, layout)
         return self.norm(hidden)

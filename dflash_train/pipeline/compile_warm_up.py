@@ -1,9 +1,10 @@
 """Compile and warm up on the main thread before any worker thread starts: the target's
-decoder layers (torch.compile) and the drafter's flex attention for the few batch shapes
-that, by dynamo's automatic-dynamic rules, leave a graph for every shape of the epoch plan.
-A compile inside a worker thread holds the GIL for seconds and once hung a launch; a
-compile that fails here falls back and says so instead of ending the run (target layers to
-eager; flex attention to static shapes, then to SDPA)."""
+decoder layers (torch.compile), the drafter's pointwise work (drafter_compile.py) and its
+flex attention, for the few batch shapes that, by dynamo's automatic-dynamic rules, leave a
+graph for every shape of the epoch plan. A compile inside a worker thread holds the GIL for
+seconds and once hung a launch; a compile that fails here falls back and says so instead of
+ending the run (target layers to eager; the drafter's layers to eager; flex attention to
+static shapes, then to SDPA)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,13 @@ from dflash_train.model.attention_layout import (
     compile_static_shapes,
     compiles_flex,
     resolve_backend,
+)
+from dflash_train.model.drafter_compile import (
+    compile_drafter,
+    drafter_compile_wanted,
+    drafter_compiled,
+    set_compile_hook,
+    uncompile_drafter,
 )
 from dflash_train.pipeline.target_workers import (
     compile_target_layers,
@@ -55,15 +63,20 @@ def kernels_in_use(
     targets: Sequence[Target],
     compile_target: bool = True,
     target_dtype: str = "bf16",
+    compile_drafter: bool = True,
 ) -> dict[str, Any]:
     """What run_start reports: which implementation each hot part runs; per target layer
-    type, which kernel each of its parts runs (linear_attention.layer_paths)."""
+    type, which kernel each of its parts runs (linear_attention.layer_paths). Compiled parts
+    say what is wanted; a compile that then fails says so in a warning event."""
     from dflash_train.targets.linear_attention import layer_paths
 
     attention = resolve_backend(attention_backend, drafter_device)
     compiled = bool(targets) and target_compile_wanted(targets[0], compile_target)
     return {
         "attention": "flex" if attention == "flex" else "sdpa",
+        "drafter_layers": (
+            "compiled" if drafter_compile_wanted(drafter_device, compile_drafter) else "eager"
+        ),
         "lm_head_loss": "fused_chunked_ce",
         "target_layers": "compiled" if compiled else "eager",
         "target_dtype": target_dtype,
@@ -149,35 +162,74 @@ def warm_up_shapes(
     return picks
 
 
+def _first_line(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def _compile_failed(emit: Emit, exc: Exception, message: str) -> None:
+    """A fallback said twice: on stderr with the whole exception, and as a warning event."""
+    print(f"{message}: {exc!r}", file=sys.stderr)
+    emit("event", level="warning", code="compile_failed", message=message)
+
+
+def _try_warm_up(
+    stepper: DrafterStepper, shapes: list[tuple[int, int]], dtype: Any
+) -> float | Exception:
+    """The warm-up's seconds, or the exception that ended it (its gradients dropped). Out of
+    memory is raised: the real steps would not fit either, so say so now, as the run would."""
+    import torch
+
+    try:
+        return stepper.warm_up(shapes, dtype)
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as exc:
+        stepper.optimizer.zero_grad(set_to_none=True)
+        return exc
+
+
 def _warm_up_flex(
     stepper: DrafterStepper, shapes: list[tuple[int, int]], dtype: Any, emit: Emit
 ) -> tuple[float | None, list[tuple[int, int]]]:
     """(seconds, shapes warmed) of the flex warm-up with dynamic shapes; where inductor
     cannot compile those, with static ones (the first two shapes; later ones then compile
     on first use, as before); where that fails too, the drafter falls back to SDPA."""
-    import torch
-
     from dflash_train.model.drafter import _unwrap
 
     for static in (False, True):
         if static:
             compile_static_shapes()
             shapes = shapes[:2]
-        try:
-            return stepper.warm_up(shapes, dtype), shapes
-        except torch.cuda.OutOfMemoryError:
-            raise  # the real steps would not fit either: say so now, as the run would
-        except Exception as exc:  # e.g. no Triton config for this head size
-            stepper.optimizer.zero_grad(set_to_none=True)
-            then = "using SDPA with a dense mask" if static else "compiling per shape"
-            print(f"flex attention compile failed, {then}: {exc!r}", file=sys.stderr)
-            emit(
-                "event", level="warning", code="compile_failed",
-                message=f"drafter flex attention failed to compile with "
-                f"{'static' if static else 'dynamic'} shapes ({type(exc).__name__}); {then}",
-            )  # fmt: skip
+        outcome = _try_warm_up(stepper, shapes, dtype)
+        if not isinstance(outcome, Exception):
+            return outcome, shapes
+        # e.g. no Triton config for this head size
+        then = "using SDPA with a dense mask" if static else "compiling per shape"
+        _compile_failed(
+            emit, outcome, f"drafter flex attention failed to compile with "
+            f"{'static' if static else 'dynamic'} shapes ({type(outcome).__name__}); {then}",
+        )  # fmt: skip
     _unwrap(stepper.model).attention_backend = "sdpa"
     return None, []
+
+
+def _warm_up_drafter(
+    stepper: DrafterStepper, shapes: list[tuple[int, int]], dtype: Any, emit: Emit, flex: bool
+) -> tuple[float | None, list[tuple[int, int]]]:
+    """The drafter warm-up with its layers compiled; where that fails, with them eager (and
+    flex's own fallbacks, `_warm_up_flex`). Without flex, SDPA needs no compile."""
+    outcome = _try_warm_up(stepper, shapes, dtype)
+    if not isinstance(outcome, Exception):
+        return outcome, shapes  # the seconds it took
+    # An op inductor cannot lower, say; or flex's dynamic graph (its fallbacks follow).
+    uncompile_drafter(stepper.drafter)
+    _compile_failed(
+        emit, outcome, f"drafter warm-up failed with its layers compiled "
+        f"({_first_line(outcome)}); running them eagerly",
+    )  # fmt: skip
+    if not flex:
+        return None, []
+    return _warm_up_flex(stepper, shapes, dtype, emit)
 
 
 def compile_before_workers(
@@ -189,6 +241,7 @@ def compile_before_workers(
     shapes: Sequence[tuple[int, int]],
     emit: Emit,
     compile_target: bool = True,
+    compile_drafter_layers: bool = True,
 ) -> dict[str, Any]:
     """Compile and warm everything that compiles; emit one `compiled` event (and a warning
     per fallback). Later first-time shapes report their compile through `emit` too."""
@@ -202,28 +255,34 @@ def compile_before_workers(
             spent = warm_up_target(target, layer_ids)
         except Exception as exc:  # a kernel library that dynamo cannot trace, say
             uncompile_target_layers(target)
-            print(f"target compile failed, running eager: {exc!r}", file=sys.stderr)
-            emit(
-                "event", level="warning", code="compile_failed",
-                message=f"target {index}: torch.compile of its layers failed ({type(exc).__name__}:"
-                f" {str(exc).splitlines()[0] if str(exc) else ''}); running them eagerly",
+            _compile_failed(
+                emit, exc, f"target {index}: torch.compile of its layers failed "
+                f"({_first_line(exc)}); running them eagerly",
             )  # fmt: skip
             continue
         seconds += spent
         report["target_s"] = round(seconds, 2)
         report["target_layers_compiled"] = layers
     device = stepper.device
-    if compiles_flex(device) and resolve_backend(attention_backend, device) == "flex" and shapes:
+    flex = compiles_flex(device) and resolve_backend(attention_backend, device) == "flex"
+    drafter_layers = drafter_compile_wanted(device, compile_drafter_layers) and bool(shapes)
+    if drafter_layers:
+        report["drafter_parts_compiled"] = compile_drafter(stepper.drafter)
+    if (flex or drafter_layers) and shapes:
         import torch
         from torch._dynamo.utils import counters
 
         dtype = targets[0].embed_tokens.weight.dtype if targets else torch.bfloat16
         graphs = counters["stats"]["unique_graphs"]
-        spent, shapes = _warm_up_flex(stepper, list(shapes), dtype, emit)
+        if drafter_layers:
+            spent, shapes = _warm_up_drafter(stepper, list(shapes), dtype, emit, flex)
+        else:
+            spent, shapes = _warm_up_flex(stepper, list(shapes), dtype, emit)
         if spent is not None:
             report["drafter_s"] = round(spent, 2)
             report["drafter_graphs"] = counters["stats"]["unique_graphs"] - graphs
         report["shapes"] = list(shapes)
+        report["drafter_layers_compiled"] = drafter_compiled(stepper.drafter)
 
         def on_new_shape(spent: float, key: tuple[Any, ...]) -> None:
             emit(
@@ -233,15 +292,26 @@ def compile_before_workers(
                 seconds=round(spent, 2), part="drafter_attention", shape=list(key[0]),
             )  # fmt: skip
 
+        def on_new_layer_shape(spent: float, part: str, shape: tuple[int, ...]) -> None:
+            emit(
+                "event", level="info", code="compiled",
+                message=f"drafter layers' {part} compiled mid-run for a shape the warm-up did "
+                f"not cover, {list(shape)}, in {spent:.1f} s",
+                seconds=round(spent, 2), part="drafter_layers", shape=list(shape),
+            )  # fmt: skip
+
         if shapes:
             _FlexState.on_compile = on_new_shape
+            set_compile_hook(on_new_layer_shape)
     if report["target_s"] is not None or report["drafter_s"] is not None:
         parts = []
         if report["target_s"] is not None:
             parts.append(f"target layers {report['target_s']:.1f} s")
         if report["drafter_s"] is not None:
+            compiled = ["layers"] if report["drafter_layers_compiled"] else []
+            what = " and ".join(compiled + (["attention"] if flex else []))
             parts.append(
-                f"drafter attention {report['drafter_s']:.1f} s for shapes {list(shapes)} "
+                f"drafter {what} {report['drafter_s']:.1f} s for shapes {list(shapes)} "
                 f"({report.get('drafter_graphs', 0)} dynamo graphs, "
                 f"{'dynamic' if _FlexState.dynamic is None else 'static'} shapes)"
             )
@@ -253,5 +323,6 @@ def compile_before_workers(
             drafter_shapes=[list(shape) for shape in shapes],
             drafter_graphs=report.get("drafter_graphs"),
             drafter_dynamic=_FlexState.dynamic is None if report["drafter_s"] is not None else None,
+            drafter_layers_compiled=report.get("drafter_layers_compiled", False),
         )  # fmt: skip
     return report

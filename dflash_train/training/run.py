@@ -381,7 +381,7 @@ class TrainingRun:
         compile_target = self.config.pipeline.compile_target
         kernels = kernels_in_use(
             self.drafter.attention_backend, self.device, self.targets, compile_target,
-            self.config.pipeline.target_dtype,
+            self.config.pipeline.target_dtype, self.config.model.compile_drafter,
         )  # fmt: skip
         self.writer.write(
             "run_start",
@@ -437,6 +437,7 @@ class TrainingRun:
             shapes=shapes,
             emit=emit,
             compile_target=self.config.pipeline.compile_target,
+            compile_drafter_layers=model.compile_drafter,
         )
         if self.rank.is_main:
             self.checkpointer()  # starts pinning the host copies in the background

@@ -136,6 +136,7 @@ def test_kernels_in_use_on_the_cpu() -> None:
     kernels = kernels_in_use("auto", torch.device("cpu"), [target])
     assert kernels == {
         "attention": "sdpa",
+        "drafter_layers": "eager",
         "lm_head_loss": "fused_chunked_ce",
         "target_layers": "eager",
         "target_dtype": "bf16",
