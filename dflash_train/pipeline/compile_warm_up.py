@@ -68,7 +68,7 @@ def kernels_in_use(
     """What run_start reports: which implementation each hot part runs; per target layer
     type, which kernel each of its parts runs (linear_attention.layer_paths). Compiled parts
     say what is wanted; a compile that then fails says so in a warning event."""
-    from dflash_train.targets.linear_attention import layer_paths
+    from dflash_train.targets.linear_attention import compiled_parts, layer_paths
 
     attention = resolve_backend(attention_backend, drafter_device)
     compiled = bool(targets) and target_compile_wanted(targets[0], compile_target)
@@ -81,6 +81,8 @@ def kernels_in_use(
         "target_layers": "compiled" if compiled else "eager",
         "target_dtype": target_dtype,
         "target_layer_paths": layer_paths(targets[0]) if targets else None,
+        # What the compiled graphs of each target layer type hold (None: eager).
+        "target_layer_compile": compiled_parts(targets[0].model) if compiled else None,
     }
 
 

@@ -141,4 +141,5 @@ def test_kernels_in_use_on_the_cpu() -> None:
         "target_layers": "eager",
         "target_dtype": "bf16",
         "target_layer_paths": {"full_attention": {"attention": "sdpa"}},
+        "target_layer_compile": None,
     }
