@@ -130,6 +130,8 @@ def run_under_control(
             exit_code=0,
             mode=MODE,
             samples=info["stats"]["samples"],
+            # A prepare cut by --max-seconds also completes: what it left is said here.
+            unanswered=info["unanswered"],
             answer_tokens_per_s=info["answer_tokens_per_s"],
         )
     finally:

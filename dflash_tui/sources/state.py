@@ -381,6 +381,10 @@ class RunState:
         self.history.mark("end", self.step or 0, line.t)
         reason = line["reason"]
         text = f"run ended: {reason} (exit {line['exit_code']})"
+        samples, unanswered = line.get("samples"), line.get("unanswered")
+        if isinstance(samples, int) and isinstance(unanswered, int) and unanswered > 0:
+            # A prepare cut by --max-seconds completes too: "completed" alone read as done.
+            text += f": {samples:,} answered, {unanswered:,} not (run it again to resume)"
         tail = line.get("error_tail")
         if isinstance(tail, str) and tail.strip():
             text += ": " + tail.strip().splitlines()[-1]

@@ -90,6 +90,7 @@ async def test_a_launched_prepare_streams_progress_and_reads_preparing(tmp_path:
     last = progress[-1]
     assert last["answers_done"] == last["answers_total"] == 3 and last["prompts_done"] == 3
     assert [d["device"] for d in last["devices"]] == ["cpu"] and last["answer_tokens"] > 0
+    assert lines[-1]["samples"] == 3 and lines[-1]["unanswered"] == 0
     status = _dflash("status", str(run_dir))
     assert status.ok and status.data["state"] == "finished"
     assert (out / "prepare.json").is_file()

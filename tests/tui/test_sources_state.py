@@ -346,3 +346,19 @@ def test_a_prepares_gpu_history_spans_the_whole_run() -> None:
     view = state.gpu_view(0, "util", None, 120)
     assert len(view.xs) == len(times) == 62
     assert (view.xs[0], view.xs[-1]) == (times[0], times[-1])
+
+
+def test_a_prepare_cut_short_says_what_it_left() -> None:
+    """A prepare stopped by --max-seconds ends `completed` like a whole one: the events pane
+    says how many answers it made and how many it left."""
+    state = RunState()
+    state.apply(run_start(mode="prepare"))
+    end = {"reason": "completed", "exit_code": 0, "mode": "prepare", "samples": 8}
+    state.apply(line("run_end", 1, **end, unanswered=16, answer_tokens_per_s=5.9))
+    assert state.events[-1].text == (
+        "run ended: completed (exit 0): 8 answered, 16 not (run it again to resume)"
+    )
+    whole = RunState()
+    whole.apply(run_start(mode="prepare"))
+    whole.apply(line("run_end", 1, **end, unanswered=0, answer_tokens_per_s=5.9))
+    assert whole.events[-1].text == "run ended: completed (exit 0)"
