@@ -384,7 +384,7 @@ class RunState:
         samples, unanswered = line.get("samples"), line.get("unanswered")
         if isinstance(samples, int) and isinstance(unanswered, int) and unanswered > 0:
             # A prepare cut by --max-seconds completes too: "completed" alone read as done.
-            text += f": {samples:,} answered, {unanswered:,} not (run it again to resume)"
+            text += f": {samples:,} answered, {unanswered:,} not answered"
         tail = line.get("error_tail")
         if isinstance(tail, str) and tail.strip():
             text += ": " + tail.strip().splitlines()[-1]

@@ -355,9 +355,7 @@ def test_a_prepare_cut_short_says_what_it_left() -> None:
     state.apply(run_start(mode="prepare"))
     end = {"reason": "completed", "exit_code": 0, "mode": "prepare", "samples": 8}
     state.apply(line("run_end", 1, **end, unanswered=16, answer_tokens_per_s=5.9))
-    assert state.events[-1].text == (
-        "run ended: completed (exit 0): 8 answered, 16 not (run it again to resume)"
-    )
+    assert state.events[-1].text == ("run ended: completed (exit 0): 8 answered, 16 not answered")
     whole = RunState()
     whole.apply(run_start(mode="prepare"))
     whole.apply(line("run_end", 1, **end, unanswered=0, answer_tokens_per_s=5.9))
