@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,17 @@ def history_rows(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def run_record(run_dir: Path) -> Any:
-    """The `run` record (entity, display name, tags, group) of the single offline run."""
-    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    return next(r.run for r in _records(path) if r.WhichOneof("record_type") == "run")
+def run_record(run_dir: Path, timeout: float = 120.0) -> Any:
+    """The `run` record (entity, display name, tags, group) of the single offline run. W&B's
+    service process writes the file: on a loaded machine the record can land after the run
+    finished in this process (a clean-clone CI found none), so this waits for it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        paths = list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+        assert len(paths) <= 1, paths
+        if paths and paths[0].stat().st_size >= 7:  # its header written
+            found = [r.run for r in _records(paths[0]) if r.WhichOneof("record_type") == "run"]
+            if found:
+                return found[0]
+        assert time.monotonic() < deadline, f"no run record in {paths} within {timeout} s"
+        time.sleep(0.2)
