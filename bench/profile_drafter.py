@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from speed_drafter import PEAK, DrafterRig, _sync, drafter_config, log, time_drafter
 
+from dflash_train.model.attention_layout import flex_compile_mode, set_flex_autotune
 from dflash_train.model.drafter_compile import PROFILER_RANGE
 
 # speed_suite's shapes: (batch, seq, anchors, block, layers).
@@ -76,6 +77,8 @@ class ProfileRequest:
     steps: int
     out: Path
     compile_layers: bool = True
+    flex_autotune: bool = False
+    tag: str = ""  # names the outputs: profile_<dims>[_<tag>].json, trace_<dims>[_<tag>].json
 
 
 @dataclass(frozen=True)
@@ -283,7 +286,12 @@ def record(rig: DrafterRig, steps: int, trace: Path) -> None:
             prof.step()
 
 
+def _name(req: ProfileRequest) -> str:
+    return f"{req.dims}_{req.tag}" if req.tag else req.dims
+
+
 def profile_drafter(req: ProfileRequest) -> dict[str, Any]:
+    set_flex_autotune(req.flex_autotune)
     if req.device.type == "cuda":
         torch.cuda.set_device(req.device)
         torch.backends.cuda.matmul.allow_tf32 = True  # as speed_suite runs it
@@ -294,7 +302,7 @@ def profile_drafter(req: ProfileRequest) -> dict[str, Any]:
     log(f"{req.dims} {req.batch}x{req.seq}: warm-up (compile, {req.warmup} timed steps)")
     timing = time_drafter(rig, req.attention, req.warmup)
     req.out.mkdir(parents=True, exist_ok=True)
-    trace = req.out / f"trace_{req.dims}.json"
+    trace = req.out / f"trace_{_name(req)}.json"
     log(f"profiling {req.steps} steps")
     from torch._dynamo.utils import counters
 
@@ -324,6 +332,7 @@ def profile_drafter(req: ProfileRequest) -> dict[str, Any]:
             "layers": req.layers,
             "attention": req.attention,
             "drafter_layers": timing["drafter_layers"],
+            "flex_mode": flex_compile_mode() if req.attention == "flex" else None,
         },
         "steps_profiled": len(step_walls),
         "measure": "CUDA kernels" if on_device else "CPU op self time (no device)",
@@ -349,7 +358,7 @@ def profile_drafter(req: ProfileRequest) -> dict[str, Any]:
 def print_table(result: dict[str, Any]) -> None:
     shape = result["shape"]
     print(f"{result['dims']} {shape['batch']}x{shape['seq']} {shape['attention']}, "
-          f"layers {shape['drafter_layers']}: "
+          f"layers {shape['drafter_layers']}, flex mode {shape['flex_mode']}: "
           f"step {result['step_ms']} ms (profiled {result['profiled_step_ms']} ms), "
           f"{result['measure']}")  # fmt: skip
     print(f"  {'category':<15}{'ms/step':>10}{'share':>8}")
@@ -385,6 +394,11 @@ def parse_args(argv: list[str] | None = None) -> ProfileRequest:
         "--drafter-layers", choices=("compiled", "eager"), default="compiled",
         help="compiled: the trainer's default on CUDA (drafter_compile.py); the CPU runs eager",
     )  # fmt: skip
+    p.add_argument(
+        "--flex-autotune", action="store_true",
+        help="compile flex with inductor's max-autotune-no-cudagraphs (times its tile configs)",
+    )  # fmt: skip
+    p.add_argument("--tag", default="", help="suffix of the output names, e.g. eager")
     a = p.parse_args(argv)
     dims = "tiny" if a.smoke else a.dims
     attention = a.attention or ("flex" if a.device == "cuda" else "sdpa")
@@ -396,14 +410,15 @@ def parse_args(argv: list[str] | None = None) -> ProfileRequest:
         batch=a.batch or batch, seq=a.seq or seq, anchors=a.anchors or anchors,
         block=a.block or block, layers=a.layers or layers, attention=attention,
         warmup=1 if a.smoke else a.warmup, steps=a.steps, out=a.out,
-        compile_layers=a.drafter_layers == "compiled",
+        compile_layers=a.drafter_layers == "compiled", flex_autotune=a.flex_autotune,
+        tag=a.tag,
     )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     req = parse_args(argv)
     result = profile_drafter(req)
-    path = req.out / f"profile_{req.dims}.json"
+    path = req.out / f"profile_{_name(req)}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     log(f"wrote {path} and {result['trace']}")
     print_table(result)

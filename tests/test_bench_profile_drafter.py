@@ -27,12 +27,14 @@ def _load(path: Path) -> Any:
 def test_profile_drafter_cpu_smoke(tmp_path: Path) -> None:
     argv = [
         sys.executable, "bench/profile_drafter.py", "--device", "cpu", "--smoke",
-        "--steps", "2", "--out", str(tmp_path),
+        "--steps", "2", "--out", str(tmp_path), "--tag", "cpu",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    result = _load(tmp_path / "profile_tiny.json")
+    result = _load(tmp_path / "profile_tiny_cpu.json")
+    assert result["trace"].startswith("trace_tiny_cpu.json")
+    assert result["shape"]["flex_mode"] is None  # SDPA on the CPU: no flex to tune
     assert result["steps_profiled"] == 2 and result["graphs_compiled_while_profiled"] == 0
     cats = result["categories"]
     assert list(cats) == [

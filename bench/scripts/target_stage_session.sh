@@ -9,8 +9,9 @@
 #   launch    a real `dflash-train launch --target-dtype fp8` (random:qwen3-8b) for a few
 #             hundred steps
 #   profile   bench/profile_drafter.py, flex: where one drafter step's time goes at Qwen3-8B
-#             8x2048 and Qwen3.6-27B 4x2048 (goal 3; ~4 min, 6 files: per shape the summary,
-#             the trace, the log). Needs no carry. PROFILE_ARGS adds arguments: on a CPU,
+#             8x2048 and Qwen3.6-27B 4x2048 (goal 3), the drafter layers compiled and eager,
+#             and at 27B dims flex autotuned (PROFILE_RUNS; ~6 min, 6 files: the summaries and
+#             profile.log). Needs no carry. PROFILE_ARGS adds arguments: on a CPU,
 #             "--device cpu --smoke --attention sdpa" runs the stage at tiny dims
 # Usage (repo root): OUT=/tmp/out bash bench/scripts/target_stage_session.sh carry stage
 # Carry (ignored by git): .whl/ (flash-linear-attention==0.6.0 fla-core==0.6.0 torchao==0.17.0
@@ -102,15 +103,24 @@ stage_launch() {
 
 # Each shape in its own process with its own limit: the 8B rig's memory is gone before the 27B
 # one is built, and a slow compile of one shape cannot take the other's figures with it.
+# The variants one call profiles, "dims:tag[:arg,arg]", run in this order (the eager baselines
+# beside the compiled ones: timings compare within one call). Traces stay in /tmp/profiles (0.8
+# MB each, and a call returns at most 8 files); the summaries and one log come back.
+PROFILE_RUNS="${PROFILE_RUNS:-qwen3-8b:compiled qwen3-8b:eager:--drafter-layers=eager \
+qwen3.6-27b:compiled qwen3.6-27b:eager:--drafter-layers=eager \
+qwen3.6-27b:autotune:--flex-autotune}"
 stage_profile() {
-  local dims
-  for dims in qwen3-8b qwen3.6-27b; do
-    say "drafter step profile, $dims"
-    # shellcheck disable=SC2086  # PROFILE_ARGS is a list of arguments
-    timeout "${PROFILE_TIMEOUT:-270}" python3 bench/profile_drafter.py --dims "$dims" \
-      --attention flex --out "$OUT" ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/profile_$dims.log" \
-      | grep -v Warning | tail -24
+  local run dims tag args
+  mkdir -p /tmp/profiles
+  for run in $PROFILE_RUNS; do
+    IFS=: read -r dims tag args <<<"$run"
+    say "drafter step profile, $dims, $tag"
+    # shellcheck disable=SC2086  # PROFILE_ARGS and args are lists of arguments
+    timeout "${PROFILE_TIMEOUT:-200}" python3 bench/profile_drafter.py --dims "$dims" \
+      --attention flex --out /tmp/profiles --tag "$tag" ${args//,/ } ${PROFILE_ARGS:-} 2>&1 \
+      | tee -a "$OUT/profile.log" | grep -v Warning | tail -24
   done
+  cp /tmp/profiles/profile_*.json "$OUT/"
 }
 
 for stage in "$@"; do "stage_$stage"; done

@@ -77,6 +77,10 @@ class _FlexState:
     # torch.compile's `dynamic`: None is automatic dynamic shapes; False (one static graph
     # per shape, the old behaviour) once inductor has failed to compile a dynamic graph.
     dynamic: bool | None = None
+    # torch.compile's `mode` for inductor: None, or "max-autotune-no-cudagraphs", which
+    # times flex's tile configurations (forward and backward) on the GPU at the first
+    # compile of each graph instead of taking the defaults for the head size.
+    mode: str | None = None
     # Called with (seconds, shape key) after a call that compiled a graph.
     on_compile: Callable[[float, tuple[Any, ...]], None] | None = None
 
@@ -246,8 +250,13 @@ def _compiled_flex(backend: Any) -> Any:
             # dynamic=None: automatic dynamic shapes (see the module docstring). Marking the
             # dims dynamic up front cannot work: the BlockMask's lengths are Python ints,
             # which dynamo makes symbolic only once it has seen them change.
+            mode = _FlexState.mode if backend == "inductor" else None
             _FlexState.compiled[backend] = torch.compile(
-                flex_attention, backend=backend, dynamic=_FlexState.dynamic, fullgraph=True
+                flex_attention,
+                backend=backend,
+                dynamic=_FlexState.dynamic,
+                fullgraph=True,
+                mode=mode,
             )
         return _FlexState.compiled[backend]
 
@@ -255,6 +264,19 @@ def _compiled_flex(backend: Any) -> Any:
 def compiles_flex(device: torch.device) -> bool:
     """Whether flex calls on `device` run the compiled kernel (CUDA; the CPU in tests)."""
     return device.type == "cuda" or _FlexState.cpu_backend is not None
+
+
+def set_flex_autotune(on: bool) -> None:
+    """Autotune flex's kernels from the next compile on (bench/profile_drafter.py
+    --flex-autotune measures it against the defaults: flex's share of a 27B-dims step is
+    18.5 %, its backward at head_dim 256 the largest part)."""
+    with _FlexState.lock:
+        _FlexState.mode = "max-autotune-no-cudagraphs" if on else None
+        _FlexState.compiled.clear()
+
+
+def flex_compile_mode() -> str | None:
+    return _FlexState.mode
 
 
 def compile_static_shapes() -> None:

@@ -200,3 +200,38 @@ def test_cpu_auto_is_sdpa_and_unknown_backends_are_refused() -> None:
     assert resolve_backend("flex", cpu) == "flex"  # eager flex: the CPU reference above
     with pytest.raises(ValueError, match="attention backend"):
         resolve_backend("xformers", cpu)
+
+
+def test_flex_autotune_compiles_inductor_flex_in_max_autotune(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """set_flex_autotune reaches torch.compile's mode for inductor (the GPU's compile, timed
+    by bench/profile_drafter.py --flex-autotune) and drops the kernels compiled before it;
+    other backends take no mode (torch.compile accepts one for inductor only), and the
+    compiled flex still gives the dense loss."""
+    from dflash_train.model import attention_layout
+
+    seen: list[tuple[object, str | None]] = []
+    real_compile = torch.compile
+
+    def spy(fn: object, **kwargs: object) -> object:
+        seen.append((kwargs["backend"], kwargs.get("mode")))  # type: ignore[arg-type]
+        return real_compile(fn, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(torch, "compile", spy)
+    monkeypatch.setattr(_FlexState, "compiled", {"inductor": object()})
+    monkeypatch.setattr(_FlexState, "mode", None)
+    attention_layout.set_flex_autotune(True)
+    assert attention_layout.flex_compile_mode() == "max-autotune-no-cudagraphs"
+    assert _FlexState.compiled == {}  # compiled before: not reused with the old mode
+    attention_layout._compiled_flex("inductor")
+    attention_layout._compiled_flex("aot_eager")
+    assert seen == [("inductor", "max-autotune-no-cudagraphs"), ("aot_eager", None)]
+    open_cpu_flex_backward(monkeypatch)
+    monkeypatch.setattr(_FlexState, "cpu_backend", "aot_eager")
+    torch.compiler.reset()
+    drafter = tiny_drafter(num_layers=2)
+    _assert_flex_equals_dense(drafter, _batch(2, 70, 16, 0))
+    attention_layout.set_flex_autotune(False)
+    assert attention_layout.flex_compile_mode() is None and _FlexState.compiled == {}
+    torch.compiler.reset()
