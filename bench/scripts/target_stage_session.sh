@@ -110,13 +110,17 @@ PROFILE_RUNS="${PROFILE_RUNS:-qwen3-8b:compiled qwen3-8b:eager:--drafter-layers=
 qwen3.6-27b:compiled qwen3.6-27b:eager:--drafter-layers=eager \
 qwen3.6-27b:autotune:--flex-autotune}"
 stage_profile() {
-  local run dims tag args
+  local run dims tag args left
   mkdir -p /tmp/profiles
   for run in $PROFILE_RUNS; do
     IFS=: read -r dims tag args <<<"$run"
+    # Each run gets at most PROFILE_TIMEOUT s and never past PROFILE_END_S of the call (its
+    # limit is 600 s): a slow compile costs that run, not the summaries of the runs before.
+    left=$(( ${PROFILE_END_S:-570} - SECONDS ))
+    [ "$left" -gt 20 ] || { say "no time left for $dims $tag"; break; }
     say "drafter step profile, $dims, $tag"
     # shellcheck disable=SC2086  # PROFILE_ARGS and args are lists of arguments
-    timeout "${PROFILE_TIMEOUT:-200}" python3 bench/profile_drafter.py --dims "$dims" \
+    timeout "$(( left < ${PROFILE_TIMEOUT:-200} ? left : ${PROFILE_TIMEOUT:-200} ))" python3 bench/profile_drafter.py --dims "$dims" \
       --attention flex --out /tmp/profiles --tag "$tag" ${args//,/ } ${PROFILE_ARGS:-} 2>&1 \
       | tee -a "$OUT/profile.log" | grep -v Warning | tail -24
   done
