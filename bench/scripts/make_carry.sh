@@ -72,8 +72,10 @@ make_tok() {
   echo ".bench_tok: $(ls .bench_tok/models/smollm2-135m-instruct | xargs)"
 }
 make_tui() {
+  # Not pygments (1.2 MB): the device image has it (KINDS.md), and the call that carries these
+  # wheels with a GGUF part had 131 KiB to spare on 2026-12-05.
   wheels .whl_tui textual rich markdown-it-py mdit-py-plugins mdurl linkify-it-py uc-micro-py \
-    platformdirs plotext pygments textual-plotext tomlkit nvidia-ml-py
+    platformdirs plotext textual-plotext tomlkit nvidia-ml-py
 }
 make_stage() {
   wheels .whl flash-linear-attention==0.6.0 fla-core==0.6.0 torchao==0.17.0 gguf==0.19.0 \
