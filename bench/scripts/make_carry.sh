@@ -18,6 +18,9 @@
 #            .weights28/gguf.sha256: target_stage_session.sh
 #   quality  .whl15 and .weights15/p3/part-a{a,b,c} with .weights15/gguf.sha256:
 #            quality_session.sh
+#   data27   .data27: git-ignores it and prints the calls that carry its parts, which a device
+#            call made (quality_session.sh pack send: copy what came back into .data27/);
+#            `check` sizes those calls too
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 PY=.venv/bin/python
@@ -102,11 +105,40 @@ CALLS=(
   "quality carry: .weights15/p3/part-ab"
   "quality data: .weights15/p3/part-ac"
 )
-make_check() {
-  local tree call paths bytes limit=$((64 << 20)) worst=0
+tree_bytes() {
+  local tree
   tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1 | cut -f1)
-  tree=$((tree + $(du -sb ../shared 2>/dev/null | cut -f1 || echo 0)))
-  for call in "${CALLS[@]}"; do
+  echo $((tree + $(du -sb ../shared 2>/dev/null | cut -f1 || echo 0)))
+}
+# The data set's parts in as few calls as fit beside the tree (the sums with the first), one
+# line a call as CALLS has them: `quality_session.sh unpack` on each, with the study after the
+# last.
+data27_calls() {
+  local tree limit=$((64 << 20)) part size used=0 call="" n=1
+  tree=$(tree_bytes)
+  [ -f .data27/data27.sha256 ] || return 0
+  call=".data27/data27.sha256" used=$((tree + $(stat -c %s .data27/data27.sha256)))
+  for part in .data27/data27.tar.xz.part-*; do
+    [ -f "$part" ] || continue
+    size=$(stat -c %s "$part")
+    if [ $((used + size)) -gt $limit ]; then
+      echo "quality unpack $n: $call"
+      n=$((n + 1)) call="" used=$tree
+    fi
+    call="${call:+$call }$part" used=$((used + size))
+  done
+  echo "quality unpack $n: $call"
+}
+make_data27() {
+  ignore .data27
+  mkdir -p .data27
+  data27_calls
+}
+make_check() {
+  local tree call paths bytes limit=$((64 << 20)) worst=0 extra=()
+  tree=$(tree_bytes)
+  mapfile -t extra < <(data27_calls)
+  for call in "${CALLS[@]}" "${extra[@]}"; do
     read -r -a paths <<<"${call#*: }"
     bytes=$((tree + $(du -cb "${paths[@]}" | tail -1 | cut -f1)))
     printf '%-30s %6.1f MiB  %s\n' "${call%%: *}" "$(echo "$bytes / 1048576" | bc -l)" \
@@ -120,7 +152,7 @@ stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(decode prep tok tui stage quality check)
 for s in "${stages[@]}"; do
   case $s in
-    decode | prep | tok | tui | stage | quality | check) "make_$s" ;;
-    *) echo "make_carry: no part '$s' (decode prep tok tui stage quality check)" >&2; exit 2 ;;
+    decode | prep | tok | tui | stage | quality | data27 | check) "make_$s" ;;
+    *) echo "make_carry: no part '$s' (decode prep tok tui stage quality data27 check)" >&2; exit 2 ;;
   esac
 done

@@ -42,6 +42,12 @@
 #   SYNTH_OPENERS=84000 SYNTH_FREE=16000 GEN_BATCH=2048 bash bench/scripts/quality_session.sh data
 #   bash bench/scripts/quality_session.sh study          # again, until done
 #   DRY=1 OUT=/tmp/dry bash bench/scripts/quality_session.sh study     # the plumbing on a CPU
+# The set then travels instead of being prepared again by the next session (see `pack`):
+#   PREP_LIMIT=540 ... quality_session.sh data pack send   # the data call packs and sends
+#   bash bench/scripts/quality_session.sh send   # only if parts are left (4 a call, 60 MiB)
+#   ... copy each call's data27.* into .data27/ here (make_carry.sh data27 lists the calls)
+#   next session: `carry`, `carry`, then `unpack` on each call make_carry.sh data27 plans
+#   (the last GGUF part rides with the first), then `unpack study`
 # Variants: `base` is run 4's recipe (2 drafter layers, 2 context layers, --distill 0.5,
 # data x1); each other changes one thing: layers3, layers5 (drafter layers), ctx3, ctx5
 # (context layers, which the trainer spreads over the target's depth as the DFlash paper
@@ -241,6 +247,66 @@ make_data() {  # the target answers synth:N + the train split twice, N sized for
 stage_data() {
   reassemble || return 1
   make_data "${GEN_S:-430}" "${PREP_LIMIT:-560}" && touch "$W/data.done"
+}
+
+# The data stage's set travels between sessions instead of being prepared again (~9.5 of a
+# session's 30 device minutes, and a study spread over sessions must train on one set):
+#   pack    after `data`: $W/data as one xz-compressed tar in parts of PACK_PART bytes (15 MiB)
+#           in $W/pack, with data27.sha256 (each part's sum and the whole archive's)
+#   send    the next PACK_SEND (4) parts not sent yet, and data27.sha256, into $OUT (a call
+#           returns 8 files, 64 MiB together); again on the next call until none is left.
+#           Here: copy what comes back into .data27/ (git-ignored: make_carry.sh data27)
+#   unpack  in a later session, instead of `data`: each call carries some of .data27/'s parts
+#           (make_carry.sh check sizes them); the parts join in $W/pack_in, and once every
+#           part data27.sha256 names is there and checks, the set is unpacked to $W/data
+PACK=data27
+xz_pipe() {  # xz's filter, or Python's lzma where the image has no xz (-d: decompress)
+  if command -v xz >/dev/null; then xz "$@"; return; fi
+  if [ "$1" = -d ]; then
+    python3 -c "import lzma,sys,shutil;shutil.copyfileobj(lzma.open(sys.stdin.buffer),sys.stdout.buffer)"
+  else
+    python3 -c "import lzma,sys,shutil;shutil.copyfileobj(sys.stdin.buffer,lzma.open(sys.stdout.buffer,'w',preset=6))"
+  fi
+}
+stage_pack() {
+  [ -f "$W/data.done" ] || { log "pack: no data (run the data stage first)"; return 1; }
+  rm -rf "$W/pack" && mkdir -p "$W/pack"
+  # prepare.json beside data/ is prepare's reply (the study reads it), not data/'s own
+  tar -C "$W" -cf - data prepare.json | xz_pipe -T0 -6 | split -b "${PACK_PART:-15728640}" -a 2 - "$W/pack/$PACK.tar.xz.part-" \
+    || { log "pack failed"; return 1; }
+  (cd "$W/pack" && sha256sum "$PACK".tar.xz.part-* >"$PACK.sha256" \
+    && echo "$(cat "$PACK".tar.xz.part-* | sha256sum | cut -d' ' -f1)  $PACK.tar.xz" >>"$PACK.sha256")
+  log "pack: $(du -cb "$W"/pack/*.part-* | tail -1 | cut -f1) bytes in $(ls "$W"/pack/*.part-* | wc -l) parts, from $(du -sb "$W/data" | cut -f1) bytes"
+}
+
+stage_send() {
+  [ -f "$W/pack/$PACK.sha256" ] || { log "send: nothing packed"; return 1; }
+  local part sent=0
+  touch "$W/pack/sent"
+  for part in "$W"/pack/"$PACK".tar.xz.part-*; do
+    grep -qxF "${part##*/}" "$W/pack/sent" && continue
+    [ $sent -lt "${PACK_SEND:-4}" ] || break
+    cp "$part" "$OUT/" && echo "${part##*/}" >>"$W/pack/sent" && sent=$((sent + 1))
+  done
+  cp "$W/pack/$PACK.sha256" "$OUT/"
+  log "send: $sent parts; $(( $(ls "$W"/pack/*.part-* | wc -l) - $(wc -l <"$W/pack/sent") )) left"
+}
+
+stage_unpack() {
+  [ -f "$W/data.done" ] && { log "unpack: $W/data is there"; return 0; }
+  mkdir -p "$W/pack_in"
+  cp "${PACK_IN:-.data27}"/* "$W/pack_in/" 2>/dev/null  # what this call carried
+  [ -f "$W/pack_in/$PACK.sha256" ] || { log "unpack: no $PACK.sha256 carried yet"; return 1; }
+  local named have
+  named=$(grep -c "part-" "$W/pack_in/$PACK.sha256")
+  have=$(find "$W/pack_in" -name "$PACK.tar.xz.part-*" | wc -l)
+  if [ "$have" -lt "$named" ]; then log "unpack: $((named - have)) of $named parts to carry still"; return 0; fi
+  (cd "$W/pack_in" && grep "part-" "$PACK.sha256" | sha256sum -c --quiet) || { log "unpack: a part's sum differs"; return 1; }
+  rm -rf "$W/data"
+  cat "$W/pack_in/$PACK".tar.xz.part-* | xz_pipe -d | tar -C "$W" -xf - \
+    || { log "unpack failed"; return 1; }
+  touch "$W/data.done"
+  log "unpack: $W/data, $(du -sb "$W/data" | cut -f1) bytes: $(python3 -c "import json;print(json.load(open('$W/prepare.json'))['stats'])")"
 }
 
 stage_sweep() {
