@@ -250,63 +250,80 @@ stage_data() {
 }
 
 # The data stage's set travels between sessions instead of being prepared again (~9.5 of a
-# session's 30 device minutes, and a study spread over sessions must train on one set):
-#   pack    after `data`: $W/data as one xz-compressed tar in parts of PACK_PART bytes (15 MiB)
-#           in $W/pack, with data27.sha256 (each part's sum and the whole archive's)
-#   send    the next PACK_SEND (4) parts not sent yet, and data27.sha256, into $OUT (a call
+# session's 30 device minutes, and a study spread over sessions must train on one set); so
+# can a run's newest checkpoint, for an exact resume (PACK names what travels, PACK_SRC its
+# paths under $W, e.g. PACK=ckpt PACK_SRC="study/base/status.jsonl study/base/checkpoints"):
+#   pack    PACK_SRC (default: the data stage's data/ and prepare's reply) as one
+#           xz-compressed tar in parts of PACK_PART bytes (15 MiB) in $W/pack_$PACK, with
+#           $PACK.sha256 (each part's sum and the whole archive's)
+#   send    the next PACK_SEND (4) parts not sent yet, and $PACK.sha256, into $OUT (a call
 #           returns 8 files, 64 MiB together); again on the next call until none is left.
-#           Here: copy what comes back into .data27/ (git-ignored: make_carry.sh data27)
-#   unpack  in a later session, instead of `data`: each call carries some of .data27/'s parts
-#           (make_carry.sh check sizes them); the parts join in $W/pack_in, and once every
-#           part data27.sha256 names is there and checks, the set is unpacked to $W/data
-PACK=data27
+#           Here: copy what comes back into .$PACK/ (git-ignored: make_carry.sh data27)
+#   unpack  in a later session, instead of `data`: each call carries some of .$PACK/'s parts
+#           (make_carry.sh check sizes them); the parts join in $W/pack_in_$PACK, and once
+#           every part $PACK.sha256 names is there and checks, the tar is unpacked into $W
+PACK=${PACK:-data27}
+PACK_SRC=${PACK_SRC:-data prepare.json}
 xz_pipe() {  # xz's filter, or Python's lzma where the image has no xz (-d: decompress)
   if command -v xz >/dev/null; then xz "$@"; return; fi
   if [ "$1" = -d ]; then
     python3 -c "import lzma,sys,shutil;shutil.copyfileobj(lzma.open(sys.stdin.buffer),sys.stdout.buffer)"
   else
-    python3 -c "import lzma,sys,shutil;shutil.copyfileobj(sys.stdin.buffer,lzma.open(sys.stdout.buffer,'w',preset=6))"
+    python3 -c "import lzma,sys,shutil;shutil.copyfileobj(sys.stdin.buffer,lzma.open(sys.stdout.buffer,'w',preset=int(sys.argv[-1].lstrip('-'))))" "$2"
   fi
 }
 stage_pack() {
-  [ -f "$W/data.done" ] || { log "pack: no data (run the data stage first)"; return 1; }
-  rm -rf "$W/pack" && mkdir -p "$W/pack"
-  # prepare.json beside data/ is prepare's reply (the study reads it), not data/'s own
-  tar -C "$W" -cf - data prepare.json | xz_pipe -T0 -6 | split -b "${PACK_PART:-15728640}" -a 2 - "$W/pack/$PACK.tar.xz.part-" \
-    || { log "pack failed"; return 1; }
-  (cd "$W/pack" && sha256sum "$PACK".tar.xz.part-* >"$PACK.sha256" \
+  local src dir=$W/pack_$PACK
+  read -r -a src <<<"$PACK_SRC"
+  if [ "$PACK" = data27 ] && [ ! -f "$W/data.done" ]; then
+    log "pack: no data (run the data stage first)"; return 1
+  fi
+  (cd "$W" && ls -d "${src[@]}" >/dev/null) || { log "pack: $PACK_SRC not all under $W"; return 1; }
+  rm -rf "$dir" && mkdir -p "$dir"
+  # For the data: prepare.json beside data/ is prepare's reply (the study reads it).
+  tar -C "$W" -cf - "${src[@]}" | xz_pipe -T0 "-${PACK_LEVEL:-6}" | split -b "${PACK_PART:-15728640}" -a 2 - \
+    "$dir/$PACK.tar.xz.part-" || { log "pack failed"; return 1; }
+  (cd "$dir" && sha256sum "$PACK".tar.xz.part-* >"$PACK.sha256" \
     && echo "$(cat "$PACK".tar.xz.part-* | sha256sum | cut -d' ' -f1)  $PACK.tar.xz" >>"$PACK.sha256")
-  log "pack: $(du -cb "$W"/pack/*.part-* | tail -1 | cut -f1) bytes in $(ls "$W"/pack/*.part-* | wc -l) parts, from $(du -sb "$W/data" | cut -f1) bytes"
+  log "pack $PACK: $(du -cb "$dir"/*.part-* | tail -1 | cut -f1) bytes in $(ls "$dir"/*.part-* | wc -l) parts, from $(cd "$W" && du -cb "${src[@]}" | tail -1 | cut -f1) bytes"
 }
 
 stage_send() {
-  [ -f "$W/pack/$PACK.sha256" ] || { log "send: nothing packed"; return 1; }
-  local part sent=0
-  touch "$W/pack/sent"
-  for part in "$W"/pack/"$PACK".tar.xz.part-*; do
-    grep -qxF "${part##*/}" "$W/pack/sent" && continue
+  local part sent=0 dir=$W/pack_$PACK
+  [ -f "$dir/$PACK.sha256" ] || { log "send: nothing packed as $PACK"; return 1; }
+  touch "$dir/sent"
+  for part in "$dir/$PACK".tar.xz.part-*; do
+    grep -qxF "${part##*/}" "$dir/sent" && continue
     [ $sent -lt "${PACK_SEND:-4}" ] || break
-    cp "$part" "$OUT/" && echo "${part##*/}" >>"$W/pack/sent" && sent=$((sent + 1))
+    cp "$part" "$OUT/" && echo "${part##*/}" >>"$dir/sent" && sent=$((sent + 1))
   done
-  cp "$W/pack/$PACK.sha256" "$OUT/"
-  log "send: $sent parts; $(( $(ls "$W"/pack/*.part-* | wc -l) - $(wc -l <"$W/pack/sent") )) left"
+  cp "$dir/$PACK.sha256" "$OUT/"
+  log "send $PACK: $sent parts; $(( $(ls "$dir"/*.part-* | wc -l) - $(wc -l <"$dir/sent") )) left"
 }
 
 stage_unpack() {
-  [ -f "$W/data.done" ] && { log "unpack: $W/data is there"; return 0; }
-  mkdir -p "$W/pack_in"
-  cp "${PACK_IN:-.data27}"/* "$W/pack_in/" 2>/dev/null  # what this call carried
-  [ -f "$W/pack_in/$PACK.sha256" ] || { log "unpack: no $PACK.sha256 carried yet"; return 1; }
-  local named have
-  named=$(grep -c "part-" "$W/pack_in/$PACK.sha256")
-  have=$(find "$W/pack_in" -name "$PACK.tar.xz.part-*" | wc -l)
-  if [ "$have" -lt "$named" ]; then log "unpack: $((named - have)) of $named parts to carry still"; return 0; fi
-  (cd "$W/pack_in" && grep "part-" "$PACK.sha256" | sha256sum -c --quiet) || { log "unpack: a part's sum differs"; return 1; }
-  rm -rf "$W/data"
-  cat "$W/pack_in/$PACK".tar.xz.part-* | xz_pipe -d | tar -C "$W" -xf - \
+  local named have dir=$W/pack_in_$PACK
+  [ -f "$W/$PACK.done" ] && { log "unpack: $PACK is there"; return 0; }
+  mkdir -p "$dir"
+  cp "${PACK_IN:-.$PACK}"/* "$dir/" 2>/dev/null  # what this call carried
+  [ -f "$dir/$PACK.sha256" ] || { log "unpack: no $PACK.sha256 carried yet"; return 1; }
+  named=$(grep -c "part-" "$dir/$PACK.sha256")
+  have=$(find "$dir" -name "$PACK.tar.xz.part-*" | wc -l)
+  if [ "$have" -lt "$named" ]; then
+    log "unpack: $((named - have)) of $named parts of $PACK to carry still"; return 0
+  fi
+  (cd "$dir" && grep "part-" "$PACK.sha256" | sha256sum -c --quiet) \
+    || { log "unpack: a part's sum differs"; return 1; }
+  [ "$PACK" != data27 ] || rm -rf "$W/data"
+  cat "$dir/$PACK".tar.xz.part-* | xz_pipe -d | tar -C "$W" -xf - \
     || { log "unpack failed"; return 1; }
-  touch "$W/data.done"
-  log "unpack: $W/data, $(du -sb "$W/data" | cut -f1) bytes: $(python3 -c "import json;print(json.load(open('$W/prepare.json'))['stats'])")"
+  touch "$W/$PACK.done"
+  if [ "$PACK" = data27 ]; then
+    touch "$W/data.done"
+    log "unpack: $W/data, $(du -sb "$W/data" | cut -f1) bytes: $(python3 -c "import json;print(json.load(open('$W/prepare.json'))['stats'])")"
+  else
+    log "unpack: $PACK into $W: $(tar -tf <(cat "$dir/$PACK".tar.xz.part-* | xz_pipe -d) | head -3 | xargs)"
+  fi
 }
 
 stage_sweep() {
