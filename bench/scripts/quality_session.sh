@@ -74,8 +74,11 @@ SECONDS=0
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export DFLASH_CACHE_DIR=${DFLASH_CACHE_DIR:-/tmp/dflash-cache}
 # No torch.compile of target layers or flex attention: their first compiles of each padded
-# shape cost more of a few-minute run than they save (the compiled CE kernel stays).
-export DFLASH_COMPILE_TARGET=0 DFLASH_ATTENTION=sdpa
+# shape cost more of a few-minute run than they save (the compiled CE kernel stays). Nor of
+# the drafter's pointwise work (on by default on CUDA since 004e022): seven study trainers
+# would compile at once on the host's cores, and runs 1-4, which the study compares with,
+# ran it eagerly.
+export DFLASH_COMPILE_TARGET=0 DFLASH_ATTENTION=sdpa DFLASH_COMPILE_DRAFTER=0
 log() { echo "[$SECONDS s] $*" | tee -a "$OUT/log.txt" >&2; }
 cmd() { echo "$*" >>"$W/commands.txt"; log "+ $*"; "$@"; }
 if [ -d .whl15 ] && [ -z "${DRY:-}" ] && [ ! -f /tmp/site/.installed ]; then

@@ -23,8 +23,10 @@ T0=$(date +%s)
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export DFLASH_CACHE_DIR=${DFLASH_CACHE_DIR:-/tmp/dflash-cache}
 # No torch.compile of target layers or flex attention: their first compiles of each padded
-# shape cost more of a few-minute run than they save (the compiled CE kernel stays).
+# shape cost more of a few-minute run than they save (the compiled CE kernel stays); the
+# drafter's pointwise work stays eager as in the runs this one compares with.
 export DFLASH_COMPILE_TARGET=${DFLASH_COMPILE_TARGET:-0} DFLASH_ATTENTION=${DFLASH_ATTENTION:-sdpa}
+export DFLASH_COMPILE_DRAFTER=${DFLASH_COMPILE_DRAFTER:-0}
 log() { echo "[$(($(date +%s) - T0))s] $*" | tee -a "$OUT/log.txt" >&2; }
 left() { echo $((BUDGET_S - ($(date +%s) - T0))); }
 # seconds for a stage: what is left minus what later stages need, at least $2 (default 30)
