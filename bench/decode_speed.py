@@ -185,7 +185,7 @@ def speculative_round(target, block: int, context: int, drafter_dir: str | None 
 
 
 def main() -> None:
-    from dflash_train.data.prepare import chat_prompt_ids
+    from dflash_train.data.prompt_ids import chat_prompt_ids
     from dflash_train.data.prompts import load_prompts
     from dflash_train.targets.frozen_target import load_target
 

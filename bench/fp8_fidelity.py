@@ -31,7 +31,7 @@ def answer_rows(target, prompts: int, new_tokens: int) -> list[tuple[list[int], 
     """Prompt + the target's greedy answer (up to its first stop token) as (ids, loss mask
     over the answer). All prompts in one left-padded batch, by a float32 copy of the target
     (batched greedy decoding is what makes this affordable on a CPU)."""
-    from dflash_train.data.prepare import chat_prompt_ids, stop_token_ids
+    from dflash_train.data.prompt_ids import chat_prompt_ids, stop_token_ids
     from dflash_train.data.prompts import load_prompts
 
     stops = sorted(set(stop_token_ids(target)))

@@ -50,7 +50,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.manual_seed(0)
     from dflash_train.data.generation import generate_rows
-    from dflash_train.data.prepare import chat_prompt_ids, stop_token_ids
+    from dflash_train.data.prompt_ids import chat_prompt_ids, stop_token_ids
     from dflash_train.data.prompts import load_prompts
     from dflash_train.decode.cached_target import CachedTarget
     from dflash_train.model.dflash_loss import (

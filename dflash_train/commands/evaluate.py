@@ -146,7 +146,7 @@ def _evaluate(
     import torch
 
     from dflash_train.checkpoint.export import load_any_drafter
-    from dflash_train.data.prepare import conversation_prompt_ids, stop_token_ids
+    from dflash_train.data.prompt_ids import conversation_prompt_ids, stop_token_ids
     from dflash_train.decode.speculative import check_compatible, evaluate_prompts
     from dflash_train.targets.frozen_target import load_target
 

@@ -6,29 +6,22 @@ Prompts come from the built-in set, a text or JSON Lines file of chat data (see
 conversations.py), or `synth:N[@SPEC]` (the target writes them, see synth.py); a spec ending in `*K`
 is answered K times (passes after the first sample). Multi-turn: every assistant turn is
 regenerated given the conversation so far, or (`responses="keep"`) the data's own turns are
-tokenised as they are."""
+tokenised as they are.
+
+This module runs a prepare: it plans the jobs once (prepare_sources.py), answers the chunks on
+one device or a pool of workers (prepare_answers.py, prepare_pool.py), resumes an interrupted
+one from its work dir (prepare_work.py) and merges the parts into the data set."""
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
 
 from dflash_train.config.prepare_config import PrepareConfig, PrepareError
-from dflash_train.data.chat_tokens import (
-    ChatTemplateError,
-    TurnBuilder,
-    answer_points,
-    encode,
-    kept_answer,
-    render,
-)
-from dflash_train.data.conversations import Conversation, Message, user_turn
+from dflash_train.data.conversations import Conversation, user_turn
 from dflash_train.data.generation import Progress
 from dflash_train.data.heldout import (
     HELDOUT_FILE,
@@ -37,8 +30,25 @@ from dflash_train.data.heldout import (
     prompts_text,
     split_off_heldout,
 )
+from dflash_train.data.prepare_answers import (
+    REPEAT_TEMPERATURE,
+    Sizing,
+    answer_chunk,
+    answers_to_make,
+    cached_runner,
+    load_prepare_target,
+    sizing_for,
+)
 from dflash_train.data.prepare_progress import PrepareProgress
-from dflash_train.data.prepare_work import Job, WorkDir, fingerprint, holding, work_dir_of
+from dflash_train.data.prepare_sources import (
+    Source,
+    load_sources,
+    plan_jobs,
+    source_files,
+    with_system,
+)
+from dflash_train.data.prepare_work import WorkDir, fingerprint, holding, work_dir_of
+from dflash_train.data.prompt_ids import stop_token_ids
 from dflash_train.data.writer import (
     PREPARE_INFO,
     combined_stats,
@@ -57,27 +67,6 @@ log = logging.getLogger(__name__)
 __all__ = ["PREPARE_INFO", "PrepareConfig", "PrepareError", "token_stats", "write_dataset"]
 SYNTH_PROMPTS = "synth_prompts.jsonl"
 HELDOUT_PROMPTS = "heldout_prompts.jsonl"  # in the work dir, answered at the end
-# Repeating a prompt greedily would repeat the answer, so passes after the first sample at
-# this temperature when the user asked for greedy.
-REPEAT_TEMPERATURE = 0.7
-# KV-cache bytes one generation batch may take on a CPU, and on a GPU when --batch-size
-# is given: long prompts get fewer rows per batch.
-CACHE_BUDGET = {"cuda": 24 << 30, "cpu": 2 << 30}
-CPU_BATCH = 16
-# Without --batch-size, a GPU worker's rows are bounded by this share of the memory free
-# after its target loaded (split between workers sharing the GPU), and by GPU_MAX_ROWS.
-GPU_MEMORY_SHARE = 0.6
-GPU_MAX_ROWS = 2048
-_REPEATS = re.compile(r"^(?P<spec>.+)\*(?P<k>\d+)$")
-
-
-@dataclass(frozen=True)
-class Sizing:
-    """How big a worker's generation batches may be: `rows` at most, and the KV cache of a
-    batch within `cache_budget` bytes."""
-
-    rows: int
-    cache_budget: int
 
 
 def resolve_devices(spec: str | None) -> tuple[str, ...]:
@@ -106,377 +95,6 @@ def resolve_devices(spec: str | None) -> tuple[str, ...]:
             f"devices: {missing[0]} does not exist ({torch.cuda.device_count()} GPUs)"
         )
     return devices
-
-
-def sizing_for(
-    device: str, batch_size: int | None, runner: CachedTarget | None, share: int = 1
-) -> Sizing:
-    """A worker's batch bounds: --batch-size when given; else 16 rows on a CPU, and on a GPU
-    the rows its free memory holds (the cache budget), split between `share` workers."""
-    kind = "cuda" if device.startswith("cuda") else "cpu"
-    if batch_size is not None or kind == "cpu":
-        return Sizing(batch_size or CPU_BATCH, CACHE_BUDGET[kind])
-    import torch
-
-    free, _total = torch.cuda.mem_get_info(torch.device(device))
-    budget = int(free * GPU_MEMORY_SHARE / max(share, 1))
-    return Sizing(GPU_MAX_ROWS, budget)
-
-
-@dataclass(frozen=True)
-class Sample:
-    input_ids: list[int]
-    loss_mask: list[int]
-    finished: bool
-    prompt_index: int = -1
-    turns: int = 1
-    turns_truncated: int = 0
-
-
-@dataclass(frozen=True)
-class Source:
-    """One --prompts spec: where its conversations sit in the loaded list, how many times
-    each is answered."""
-
-    spec: str
-    start: int
-    count: int
-    repeats: int
-
-
-def chat_prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
-    """The user turn rendered with the target's chat template, ending where the assistant's
-    answer begins."""
-    try:
-        return encode(tokenizer, render(tokenizer, user_turn(prompt), generation_prompt=True))
-    except ChatTemplateError as exc:
-        raise PrepareError(str(exc)) from None
-
-
-def conversation_prompt_ids(tokenizer: Any, conversation: Conversation) -> list[int]:
-    try:
-        return encode(tokenizer, render(tokenizer, conversation, generation_prompt=True))
-    except ChatTemplateError as exc:
-        raise PrepareError(str(exc)) from None
-
-
-def stop_token_ids(target: Target) -> list[int]:
-    """End-of-turn ids: the tokenizer's eos plus whatever the model's generation config
-    stops on (Qwen3 lists both <|im_end|> and <|endoftext|>)."""
-    ids: list[int] = []
-    configured = getattr(target.model.generation_config, "eos_token_id", None)
-    candidates = [target.tokenizer.eos_token_id]
-    candidates += configured if isinstance(configured, list) else [configured]
-    for token in candidates:
-        if token is not None and int(token) not in ids:
-            ids.append(int(token))
-    if not ids:
-        raise PrepareError("target: neither tokenizer nor generation config names an eos token")
-    return ids
-
-
-def split_repeats(spec: str) -> tuple[str, int]:
-    """`builtin*4` -> ("builtin", 4); a spec without the suffix is answered once."""
-    match = _REPEATS.match(spec)
-    if match is None:
-        return spec, 1
-    repeats = int(match["k"])
-    if repeats < 1:
-        raise PrepareError(f"prompts {spec}: *K needs K of at least 1")
-    return match["spec"], repeats
-
-
-def plan_jobs(
-    conversations: Sequence[Conversation], sources: Sequence[Source], samples: int | None, seed: int
-) -> list[Job]:
-    """Without `samples`: every conversation of each source, `repeats` times. With it:
-    conversations are visited in one seeded random order, cycled as often as `samples`
-    needs, so asking for fewer samples than prompts still gives a mix of every kind."""
-    import numpy as np
-
-    if samples is None:
-        jobs = []
-        for source in sources:
-            for repeat in range(source.repeats):
-                for p in range(source.start, source.start + source.count):
-                    jobs.append(Job(len(jobs), p, conversations[p], repeat))
-        return jobs
-    order = np.random.default_rng(seed).permutation(len(conversations)).tolist()
-    return [
-        Job(i, order[i % len(order)], conversations[order[i % len(order)]], i // len(order))
-        for i in range(samples)
-    ]
-
-
-def _batches(
-    prompts: list[list[int]], sizing: Sizing, max_new_tokens: int, runner: CachedTarget | None
-):
-    """Index lists, longest prompts first, each within the sizing's rows and cache budget."""
-    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
-    per_position = runner.cache_bytes_per_position() if runner is not None else 0
-    start = 0
-    while start < len(order):
-        width = len(prompts[order[start]]) + max_new_tokens
-        fit = sizing.cache_budget // max(per_position * width, 1) if per_position else sizing.rows
-        rows = max(1, min(sizing.rows, fit))
-        yield order[start : start + rows]
-        start += rows
-
-
-def _generate(
-    target: Target,
-    runner: CachedTarget | None,
-    prompts: list[list[int]],
-    config: PrepareConfig,
-    sizing: Sizing,
-    temperatures: list[float],
-    seed: int,
-    stops: list[int],
-    progress: Tally,
-    deadline: float | None = None,
-) -> list[list[int] | None]:
-    """Answers in prompt order; None for the prompts of batches not started because
-    `deadline` (time.time()) had passed, once something was answered."""
-    import torch
-
-    from dflash_train.data.generation import generate_rows, generate_rows_hf
-
-    stop_set = set(stops)
-    answers: list[list[int] | None] = [None for _ in prompts]
-    for number, rows in enumerate(_batches(prompts, sizing, config.max_new_tokens, runner)):
-        late = deadline is not None and time.time() > deadline
-        if late and (number > 0 or progress.tokens > 0):
-            break
-        batch = [prompts[i] for i in rows]
-        if runner is not None:
-            generator = torch.Generator(device=runner.device)
-            generator.manual_seed(seed * 1_000_003 + number)
-            out = generate_rows(
-                runner,
-                batch,
-                max_new_tokens=config.max_new_tokens,
-                stop_ids=stops,
-                temperature=[temperatures[i] for i in rows],
-                generator=generator,
-                on_tokens=progress.add_tokens,
-            )
-        else:  # generate() takes one temperature a call
-            torch.manual_seed(seed * 1_000_003 + number)
-            out = [[] for _ in rows]
-            for value in sorted({temperatures[i] for i in rows}):
-                part = [k for k, i in enumerate(rows) if temperatures[i] == value]
-                made = generate_rows_hf(
-                    target,
-                    [batch[k] for k in part],
-                    max_new_tokens=config.max_new_tokens,
-                    stop_ids=stops,
-                    temperature=value,
-                )
-                for k, answer in zip(part, made, strict=True):
-                    out[k] = answer
-            progress.add_tokens(sum(map(len, out)))
-        for i, answer in zip(rows, out, strict=True):
-            answers[i] = answer
-        cut = sum(1 for answer in out if not answer or answer[-1] not in stop_set)
-        progress.add_answers(len(batch), cut)
-    return answers
-
-
-class Tally(Protocol):
-    """Where generation reports progress (prepare_progress.WorkerSink, or a worker's pipe)."""
-
-    @property
-    def tokens(self) -> int: ...
-
-    def add_tokens(self, count: int) -> None: ...
-
-    def add_answers(self, count: int, truncated: int = 0) -> None: ...
-
-
-def chunk_seed(seed: int, rank: int, chunk: int) -> int:
-    """Seeds turn `rank` of chunk `chunk`: a function of the chunk, not of the worker that
-    answers it, so any number of workers samples the same answers."""
-    return seed * 1_013 + rank + chunk * 7_919_993
-
-
-def run_jobs(
-    target: Target,
-    runner: CachedTarget | None,
-    jobs: Sequence[Job],
-    config: PrepareConfig,
-    sizing: Sizing,
-    progress: Tally,
-    deadline: float | None = None,
-    chunk: int = 0,
-) -> tuple[list[Sample], int]:
-    """Make every job's sample, seeded by (seed, chunk, turn, batch). Turn r of every
-    conversation is generated together, given its turns < r. Past `deadline` no new batch
-    starts; jobs left with a turn unanswered are dropped. Returns the samples and how many
-    were."""
-    tokenizer = target.tokenizer
-    stops = stop_token_ids(target)
-    stop_set = set(stops)
-    keep = config.responses == "keep"
-    kwargs = config.template_kwargs
-    builders = {job.index: TurnBuilder(tokenizer, job.conversation, kwargs) for job in jobs}
-    if keep:
-        for job in jobs:
-            builder = builders[job.index]
-            builder.points = [p for p in builder.points if p < len(job.conversation)]
-            if not builder.points:
-                raise PrepareError(
-                    f"responses keep: conversation {job.prompt_index + 1} has no assistant turn"
-                )
-    unanswered: set[int] = set()
-    try:
-        # Turn r of every conversation, of every pass, is generated together: passes only
-        # differ in temperature, which is per row, so batches stay full.
-        order = [builders[j.index] for j in jobs]
-        temperature = {
-            j.index: config.temperature
-            if j.repeat == 0 or config.temperature > 0
-            else REPEAT_TEMPERATURE
-            for j in jobs
-        }
-        for rank in range(max((len(b.points) for b in order), default=0)):
-            active = [
-                (j, b)
-                for j, b in zip(jobs, order, strict=True)
-                if rank < len(b.points) and j.index not in unanswered
-            ]
-            if keep:
-                for _, b in active:
-                    point = b.points[rank]
-                    b.prompt_ids(point)
-                    b.add_answer(point, *kept_answer(tokenizer, b, point, stops))
-                continue
-            prompts = [b.prompt_ids(b.points[rank]) for _, b in active]
-            temps = [temperature[j.index] for j, _ in active]
-            seed = chunk_seed(config.seed, rank, chunk)
-            answers = _generate(
-                target, runner, prompts, config, sizing, temps, seed, stops, progress, deadline
-            )
-            for (j, b), answer in zip(active, answers, strict=True):
-                if answer is None:
-                    unanswered.add(j.index)
-                    continue
-                finished = bool(answer) and answer[-1] in stop_set
-                body = answer[:-1] if finished else answer
-                stop = tokenizer.decode(answer[-1:]) if finished else ""
-                b.add_answer(b.points[rank], answer, tokenizer.decode(body), stop)
-    except ChatTemplateError as exc:
-        raise PrepareError(str(exc)) from None
-    samples = []
-    for job in jobs:
-        if job.index in unanswered:
-            continue
-        b = builders[job.index]
-        samples.append(
-            Sample(
-                b.ids,
-                b.mask,
-                all(b.turns_finished),
-                job.prompt_index,
-                turns=len(b.turns_finished),
-                turns_truncated=b.turns_finished.count(False),
-            )
-        )
-    return samples, len(unanswered)
-
-
-def answers_to_make(jobs: Sequence[Job], responses: str) -> int:
-    """Assistant turns the target will write for `jobs` (none when the data's are kept)."""
-    if responses == "keep":
-        return 0
-    return sum(len(answer_points(job.conversation)) for job in jobs)
-
-
-def answer_chunk(
-    work: WorkDir,
-    chunk: int,
-    target: Target,
-    runner: CachedTarget | None,
-    config: PrepareConfig,
-    sizing: Sizing,
-    progress: Tally,
-    deadline: float | None,
-    worker: dict[str, Any],
-) -> dict[str, Any]:
-    """Answer one chunk and write its part; returns what the part records."""
-    started = time.monotonic()
-    jobs = work.read_chunk(chunk)
-    samples, unanswered = run_jobs(target, runner, jobs, config, sizing, progress, deadline, chunk)
-    info = {
-        "chunk": chunk,
-        "jobs": len(jobs),
-        "unanswered": unanswered,
-        "stats": token_stats(samples),
-        "seconds": round(time.monotonic() - started, 3),
-        **worker,
-    }
-    work.write_part(chunk, samples, info)
-    return info
-
-
-def _load_sources(
-    specs: Sequence[str],
-) -> tuple[list[tuple[str, int, int | None]], list[Conversation | None], list[list[str]]]:
-    """Parse every spec and load the file/builtin ones now, so a bad file fails before the
-    target loads. Returns (spec, repeats, synth count) per source, the loaded lists, and
-    the openers of each synth source (empty for the others and for plain synth:N)."""
-    from dflash_train.data.conversations import load_conversations
-    from dflash_train.data.synth import openers_of, parse_spec, split_openers
-
-    parsed = []
-    loaded: list[Any] = []
-    openers: list[list[str]] = []
-    for raw in specs:
-        spec, repeats = split_repeats(raw)
-        base, opener_spec = split_openers(spec)
-        count = parse_spec(base)
-        parsed.append((spec, repeats, count))
-        loaded.append(None if count is not None else load_conversations(spec, "train"))
-        firsts = []
-        if opener_spec is not None:
-            for conversation in load_conversations(opener_spec, "train"):
-                firsts += [m.content for m in conversation if m.role == "user"][:1]
-        openers.append(openers_of(firsts))
-    return parsed, loaded, openers
-
-
-def _source_files(specs: Sequence[str]) -> list[str]:
-    """The input files the specs read (for the resume fingerprint)."""
-    from dflash_train.data.conversations import expand_files
-    from dflash_train.data.synth import split_openers
-
-    files: list[str] = []
-    for raw in specs:
-        spec, _ = split_repeats(raw)
-        for part in split_openers(spec):
-            if part is not None and Path(part).expanduser().exists():
-                files += [str(f) for f in expand_files(Path(part).expanduser())]
-    return files
-
-
-def _with_system(conversation: Conversation, system: str | None) -> Conversation:
-    if system is None or conversation[0].role == "system":
-        return conversation
-    return (Message("system", system), *conversation)
-
-
-def _load_target(config: PrepareConfig, device: str) -> Target:
-    import torch
-
-    from dflash_train.targets.frozen_target import load_target
-
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return load_target(config.target, device, dtype)
-
-
-def _runner(target: Target) -> CachedTarget | None:
-    from dflash_train.decode.cached_target import CachedTarget, supports
-
-    return CachedTarget(target) if supports(target) else None
 
 
 def _plan(
@@ -520,7 +138,7 @@ def _plan(
             synth_seconds += time.monotonic() - began
             synth_text += "".join(json.dumps({"prompt": p}) + "\n" for p in prompts)
             items = [user_turn(p) for p in prompts]
-        items = [_with_system(c, config.system) for c in items]
+        items = [with_system(c, config.system) for c in items]
         sources.append(Source(spec, len(conversations), len(items), repeats))
         conversations.extend(items)
     # Held out before the jobs are cut: training never sees them (data/heldout.py).
@@ -588,11 +206,11 @@ def prepare_dataset(config: PrepareConfig, *, target: Target | None = None) -> d
         raise PrepareError(str(exc)) from None
     devices = resolve_devices(config.devices)
     try:
-        loaders = _load_sources(config.prompt_specs)
+        loaders = load_sources(config.prompt_specs)
     except SynthError as exc:
         raise PrepareError(str(exc)) from None
     work = WorkDir(work_dir_of(config.out))
-    fingerprint_ = fingerprint(config, _source_files(config.prompt_specs))
+    fingerprint_ = fingerprint(config, source_files(config.prompt_specs))
     resuming = _check_out(config, work, fingerprint_)
     if config.run_dir is not None:
         from dflash_train.data.prepare_run import run_under_control
@@ -628,8 +246,8 @@ def _prepare(
     def get_target() -> tuple[Target, CachedTarget | None, Sizing]:
         if "target" not in loaded:
             began = time.monotonic()
-            held = target if target is not None else _load_target(config, devices[0])
-            runner = _runner(held)
+            held = target if target is not None else load_prepare_target(config, devices[0])
+            runner = cached_runner(held)
             share = devices.count(devices[0])
             loaded["target"] = (
                 held,

@@ -21,7 +21,7 @@ from dflash_train.data.conversations import Conversation, Message
 from dflash_train.rundir import atomic_write_text
 
 if TYPE_CHECKING:
-    from dflash_train.data.prepare import Sample
+    from dflash_train.data.writer import Sample
 
 PLAN = "plan.json"
 CHUNKS = "chunks"

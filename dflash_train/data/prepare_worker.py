@@ -87,14 +87,19 @@ def main(argv: list[str]) -> int:
     out = _protocol_stream()
     work_root, device, number, share, deadline_text, record = argv
     from dflash_train.config.prepare_config import PrepareError
-    from dflash_train.data.prepare import _load_target, _runner, answer_chunk, sizing_for
+    from dflash_train.data.prepare_answers import (
+        answer_chunk,
+        cached_runner,
+        load_prepare_target,
+        sizing_for,
+    )
     from dflash_train.data.prepare_work import WorkDir
 
     config = config_from_record(json.loads(record))
     deadline = None if deadline_text == "none" else float(deadline_text)
     began = time.monotonic()
-    target = _load_target(config, device)
-    runner = _runner(target)
+    target = load_prepare_target(config, device)
+    runner = cached_runner(target)
     sizing = sizing_for(device, config.batch_size, runner, int(share))
     send(out, "ready", rows=sizing.rows, load_s=round(time.monotonic() - began, 2))
     work = WorkDir(Path(work_root))

@@ -7,13 +7,23 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from dflash_train.data.prepare import Sample
+from typing import Any
 
 PREPARE_INFO = "prepare.json"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One conversation as training tokens: the loss mask marks the answers' tokens."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    finished: bool
+    prompt_index: int = -1
+    turns: int = 1
+    turns_truncated: int = 0
 
 
 STAT_SUMS = (

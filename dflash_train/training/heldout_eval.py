@@ -178,7 +178,7 @@ class HeldoutEvaluator:
         return sorted({d.index or 0 for d in devices if d.type == "cuda"})
 
     def _measure(self) -> dict[str, Any]:
-        from dflash_train.data.prepare import conversation_prompt_ids, stop_token_ids
+        from dflash_train.data.prompt_ids import conversation_prompt_ids, stop_token_ids
         from dflash_train.decode.batch_decode import evaluate_batched
         from dflash_train.decode.cached_target import supports
         from dflash_train.decode.heldout_figures import (

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dflash_train.checkpoint.export import load_any_drafter
-from dflash_train.data.prepare import chat_prompt_ids, stop_token_ids
+from dflash_train.data.prompt_ids import chat_prompt_ids, stop_token_ids
 from dflash_train.data.prompts import load_prompts
 from dflash_train.decode.batch_decode import BatchSpeculator, capacity_for, evaluate_batched
 from dflash_train.decode.speculative import (

@@ -13,14 +13,9 @@ import torch
 from dflash_train.data.chat_tokens import render
 from dflash_train.data.conversations import Message, eval_prompt, load_conversations
 from dflash_train.data.dataset import load_dataset_dir
-from dflash_train.data.prepare import (
-    PrepareConfig,
-    PrepareError,
-    chat_prompt_ids,
-    prepare_dataset,
-    split_repeats,
-    stop_token_ids,
-)
+from dflash_train.data.prepare import PrepareConfig, PrepareError, prepare_dataset
+from dflash_train.data.prepare_sources import split_repeats
+from dflash_train.data.prompt_ids import chat_prompt_ids, stop_token_ids
 from dflash_train.data.prompts import PromptError
 from dflash_train.data.synth import (
     SynthError,

@@ -15,7 +15,7 @@ import torch
 
 from dflash_train.checkpoint.export import load_any_drafter
 from dflash_train.commands.evaluate import _figures
-from dflash_train.data.prepare import chat_prompt_ids, stop_token_ids
+from dflash_train.data.prompt_ids import chat_prompt_ids, stop_token_ids
 from dflash_train.data.prompts import load_prompts
 from dflash_train.decode.device_round import DeviceRound
 from dflash_train.decode.draft_cache import CachedDrafter

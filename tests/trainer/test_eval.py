@@ -14,7 +14,7 @@ from drafter_fixtures import tiny_drafter
 
 from dflash_train import protocol
 from dflash_train.checkpoint.export import export_drafter
-from dflash_train.data.prepare import chat_prompt_ids, stop_token_ids
+from dflash_train.data.prompt_ids import chat_prompt_ids, stop_token_ids
 from dflash_train.data.prompts import load_prompts
 from dflash_train.decode.speculative import (
     check_compatible,

@@ -47,7 +47,7 @@ def heldout_data(
     """The session's prepared data with what `prepare --heldout 2` adds: 2 built-in eval
     prompts answered by the target (prepare's own function) in heldout.jsonl."""
     from dflash_train.data.heldout import answer_heldout, split_off_heldout
-    from dflash_train.data.prepare import stop_token_ids
+    from dflash_train.data.prompt_ids import stop_token_ids
 
     data = tmp_path_factory.mktemp("heldout") / "data"
     shutil.copytree(prepared_data_dir, data)

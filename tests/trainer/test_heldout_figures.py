@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dflash_train.checkpoint.export import load_any_drafter
-from dflash_train.data.prepare import chat_prompt_ids
+from dflash_train.data.prompt_ids import chat_prompt_ids
 from dflash_train.data.prompts import load_prompts
 from dflash_train.decode.heldout_figures import teacher_forced
 from dflash_train.targets.frozen_target import Target

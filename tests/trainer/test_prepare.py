@@ -13,13 +13,9 @@ import torch
 
 from dflash_train import protocol
 from dflash_train.data.dataset import load_dataset_dir
-from dflash_train.data.prepare import (
-    PrepareConfig,
-    PrepareError,
-    Sample,
-    write_dataset,
-)
+from dflash_train.data.prepare import PrepareConfig, PrepareError
 from dflash_train.data.prompts import load_prompts
+from dflash_train.data.writer import Sample, write_dataset
 from dflash_train.targets.frozen_target import Target
 
 EOS = 2  # SmolLM2's <|im_end|>, also its pad token
