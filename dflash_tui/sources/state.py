@@ -25,8 +25,9 @@ from dflash_train.protocol import (
     eval_score,
 )
 from dflash_tui.sources.advised_split import SPLIT_ADVICE, AdvisedSplit, read_advice
+from dflash_tui.sources.bucket_level import SeriesView
 from dflash_tui.sources.pace import SegmentPace, eta_s
-from dflash_tui.sources.run_history import RECENT_GPU_ROWS, RowGroup, RunHistory, SeriesView
+from dflash_tui.sources.run_history import RECENT_GPU_ROWS, RowGroup, RunHistory
 
 STEP_METRICS = ("loss", "acc", "tau", "ktok_s", "lr", "grad_norm")
 QUEUE_VALUES = ("hs_ready", "producer_wait", "consumer_wait", "starved")

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from textual_plotext import PlotextPlot
 
-from dflash_tui.sources.run_history import RANGES, Marker, RunHistory, SeriesView
+from dflash_tui.sources.bucket_level import SeriesView
+from dflash_tui.sources.run_history import RANGES, Marker, RunHistory
 
 SMOOTHING_WINDOW = 9
 # More checkpoint lines than this in view would hide the curve: every k-th is drawn.

@@ -10,7 +10,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
-from dflash_tui.sources.run_history import SeriesView
+from dflash_tui.sources.bucket_level import SeriesView
 from dflash_tui.sources.state import RunState
 from dflash_tui.widgets import units
 from dflash_tui.widgets.metric_plot import PLOTS, PREPARE_TOK_S, PlotView, draw

@@ -10,12 +10,8 @@ from pathlib import Path
 import pytest
 
 from dflash_train import protocol
-from dflash_tui.sources.run_history import (
-    RECENT_LEVELS,
-    WHOLE_BUCKETS,
-    BucketLevel,
-    MetricHistory,
-)
+from dflash_tui.sources.bucket_level import BucketLevel
+from dflash_tui.sources.run_history import RECENT_LEVELS, WHOLE_BUCKETS, MetricHistory
 from dflash_tui.sources.state import RunState
 from tests.tui.synthetic_stream import RUN_ID, T0, step_fields
 
