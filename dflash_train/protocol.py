@@ -113,7 +113,8 @@ EVENT_LEVELS = ("info", "warning", "error")
 # evaluation took. A target the decoder cannot drive (a hybrid of linear-attention layers,
 # whose recurrent state cannot be cut back after a rejected draft) is scored teacher-forced
 # only: `tau` and `lossless` null, `tau_tf` set, `prompts` 0. Optional: slot_acc
-# (teacher-forced per-slot acceptance), dtype, device, block_size, checkpoint (its path),
+# (teacher-forced per-slot acceptance), round_lengths ([k - 1]: decoding rounds that made k
+# tokens), dtype, device, block_size, checkpoint (its path),
 # source ("run" or "manual"), phases_s (the run's: seconds of setup, greedy, speculative,
 # teacher_forced), greedy_decoded (prompts whose plain greedy decoding this one made).
 EVENT_CODE_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {

@@ -80,6 +80,12 @@ def test_each_variants_curve_recipe_table_and_plot(study_dir: Path, tmp_path: Pa
         assert v["best_tau"] == max(p["tau"] for p in v["curve"])
         assert (v["steps_done"], v["max_steps"], v["state"]) == (STEPS, STEPS, "completed")
         assert v["config"]["eval_data"] == "builtin" and v["layer_ids"] == [15]
+        # The final evaluation's rounds by how many drafts they kept, as shares of them all.
+        lengths = v["curve"][-1]["round_lengths"]
+        assert sum(lengths) == v["curve"][-1]["blocks"] > 0
+        shares = {int(d): share for d, share in v["final_round_shares"].items()}
+        assert list(shares) == [d for d in (1, 2, 4, 8) if d < len(lengths)]
+        assert shares[1] == sum(lengths[1:]) / sum(lengths)
     samples = variants["base"]["dataset"]["samples"]
     assert variants["wide"]["dataset"]["samples"] == 2 * samples
     assert variants["base"]["differs"] == []
@@ -88,6 +94,11 @@ def test_each_variants_curve_recipe_table_and_plot(study_dir: Path, tmp_path: Pa
     ]  # fmt: skip
     table = (tmp_path / "study.md").read_text()
     assert "| base | (baseline) |" in table
+    assert "| rounds keeping ≥ 1 / 2 / 4 / 8 drafts, % |" in table
+    base = variants["base"]["final_round_shares"]
+    shown = " / ".join(f"{100 * share:.0f}" for share in base.values())
+    base_row = next(row for row in table.splitlines() if row.startswith("| base |"))
+    assert f"| {shown} | {STEPS} / {STEPS} |" in base_row
     assert "| wide | distill 0.5; draft_layers 2; data" in table
     assert "1 prompts x up to 8 new tokens of builtin, float32" in table
     png = (tmp_path / "study.png").read_bytes()

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from dflash_train import protocol
+from dflash_train.decode.speculative import round_shares
 from dflash_train.report.series import RunSeries, read_run
 from dflash_train.rundir import RunDir, read_json
 
@@ -152,18 +153,27 @@ def _number(value: Any, spec: str = ",") -> str:
     return "–" if value is None else format(value, spec)
 
 
+def _shares(point: dict[str, Any] | None) -> str:
+    """The final evaluation's rounds that kept at least 1, 2, 4 and 8 drafts, in percent:
+    where a variant's tau comes from (the first draft right more often, or longer runs)."""
+    lengths = (point or {}).get("round_lengths")
+    if not lengths:
+        return "–"
+    return " / ".join(f"{100 * share:.0f}" for share in round_shares(lengths).values())
+
+
 def table(variants: list[Variant], base: Variant) -> str:
     rows = [
-        f"| variant | differs from `{base.name}` | held-out τ, final | best | steps | samples "
-        "| steps/s | state |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| variant | differs from `{base.name}` | held-out τ, final | best "
+        "| rounds keeping ≥ 1 / 2 / 4 / 8 drafts, % | steps | samples | steps/s | state |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for v in variants:
         what = "; ".join(differs(v, base)) or "the same recipe"
         if v is base or not v.config:
             what = "(baseline)" if v is base else "no recorded config"
         rows.append(
-            f"| {v.name} | {what} | {_tau(v.final())} | {_tau(v.best())} "
+            f"| {v.name} | {what} | {_tau(v.final())} | {_tau(v.best())} | {_shares(v.final())} "
             f"| {v.steps_done:,} / {_number(v.max_steps)} | {_number(v.dataset.get('samples'))} "
             f"| {_number(v.steps_per_s, '.3g')} | {v.state} |"
         )
@@ -219,6 +229,12 @@ def summary(variants: list[Variant], base: Variant) -> dict[str, Any]:
             "curve": v.curve,
             "final_tau": final and final["score"],
             "final_step": final and final["step"],
+            # Of the final evaluation's rounds, the share that kept at least d drafts.
+            "final_round_shares": (
+                round_shares(final["round_lengths"])
+                if final and final.get("round_lengths")
+                else None
+            ),
             "best_tau": best and best["score"],
             "best_step": best and best["step"],
             "steps_done": v.steps_done,

@@ -219,6 +219,8 @@ def _figures(summary: EvalSummary) -> dict[str, object]:
         "tokens_per_target_forward": round(summary.tokens_per_target_forward, 4),
         "block_size": summary.block_size,
         "blocks": summary.blocks,
+        # [k - 1]: rounds that made k tokens (k - 1 drafts accepted, then the target's).
+        "round_lengths": list(summary.round_lengths),
         "generated_tokens": summary.generated_tokens,
         "mismatched_prompts": list(summary.mismatches),
         "spec_seconds": round(summary.seconds, 2),

@@ -143,4 +143,5 @@ def event_fields(
         "generated_tokens": summary.generated_tokens,
         "blocks": summary.blocks,
         "block_size": summary.block_size,
+        "round_lengths": list(summary.round_lengths),
     }

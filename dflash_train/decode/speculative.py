@@ -359,6 +359,10 @@ class EvalSummary:
     block_size: int = 0
     divergences: tuple[Divergence, ...] = ()  # one per mismatched prompt, where measured
     baseline_generated_tokens: int = 0
+    # Rounds by the tokens they made: [k - 1] counts the rounds that made k (k - 1 drafts
+    # accepted, then the target's own token), k = 1..block_size. tau is their mean; the
+    # shape says where it comes from (round_shares).
+    round_lengths: tuple[int, ...] = ()
 
     @property
     def speedup(self) -> float:
@@ -378,6 +382,10 @@ def summarize(
         i for i, (s, p) in enumerate(zip(spec, plain, strict=True)) if s.tokens != p.tokens
     )
     blocks = sum(len(s.block_lengths) for s in spec)
+    lengths = [0] * max(block_size, *(max(s.block_lengths, default=0) for s in spec), 1)
+    for s in spec:
+        for made in s.block_lengths:
+            lengths[made - 1] += 1
     generated = sum(len(s.tokens) for s in spec)
     baseline_generated = sum(len(p.tokens) for p in plain)
     forwards = sum(s.target_forwards for s in spec)
@@ -397,7 +405,18 @@ def summarize(
         baseline_seconds=sum(p.seconds for p in plain),
         block_size=block_size,
         baseline_generated_tokens=baseline_generated,
+        round_lengths=tuple(lengths),
     )
+
+
+def round_shares(
+    round_lengths: Sequence[int], drafts: Sequence[int] = (1, 2, 4, 8)
+) -> dict[int, float]:
+    """Of all rounds, the share that accepted at least d drafts, for each d in `drafts` (and
+    inside the block): 1 is how often the first draft is right, 8 how often a round runs
+    long. A recipe that lifts tau lifts some of these more than others."""
+    rounds = sum(round_lengths)
+    return {d: sum(round_lengths[d:]) / rounds for d in drafts if rounds and d < len(round_lengths)}
 
 
 def evaluate_prompts(

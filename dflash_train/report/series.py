@@ -254,7 +254,9 @@ def _on_start(series: RunSeries, obj: dict[str, Any], step: int, t: float) -> No
 
 
 # What an `eval` event reports beside its step and tau (missing ones read None).
-_EVAL_FIGURES = ("tau_tf", "lossless", "prompts", "tokens", "seconds", "dtype")
+_EVAL_FIGURES = (
+    "tau_tf", "lossless", "prompts", "tokens", "seconds", "dtype", "blocks", "round_lengths",
+)  # fmt: skip
 
 
 def _on_event(series: RunSeries, obj: dict[str, Any], step: int, t: float) -> None:

@@ -20,7 +20,9 @@ from dflash_train.decode.speculative import (
     check_compatible,
     evaluate_prompts,
     greedy_generate,
+    round_shares,
     speculative_generate,
+    summarize,
 )
 from dflash_train.model.dflash_loss import dflash_forward_loss, sample_anchors
 from dflash_train.model.drafter import DFlashDrafter, drafter_config_for_target
@@ -113,6 +115,23 @@ def test_trained_drafter_gets_tokens_accepted_and_stays_lossless(smollm2: Target
     assert max(spec.block_lengths) >= 2
     assert sum(spec.block_lengths) / len(spec.block_lengths) > 1.5
     assert spec.target_forwards < 0.7 * plain.target_forwards
+    # The summary's rounds by length are this decoding's rounds, and their mean is tau.
+    summary = summarize([spec], [plain], 16)
+    lengths = summary.round_lengths
+    assert len(lengths) == 16 and sum(lengths) == summary.blocks == len(spec.block_lengths)
+    assert all(lengths[k - 1] == spec.block_lengths.count(k) for k in range(1, 17))
+    assert sum(k * n for k, n in enumerate(lengths, 1)) / sum(lengths) == summary.tau
+    shares = round_shares(lengths)
+    assert shares[1] == sum(n >= 2 for n in spec.block_lengths) / len(spec.block_lengths) > 0
+    assert list(shares) == [1, 2, 4, 8] and shares[1] >= shares[2] >= shares[4] >= shares[8]
+
+
+def test_round_shares_of_known_rounds() -> None:
+    # Ten rounds: four made 1 token (no draft kept), three 2, two 5, one 9.
+    lengths = [4, 3, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]
+    assert round_shares(lengths) == {1: 0.6, 2: 0.3, 4: 0.3, 8: 0.1}
+    assert round_shares([4, 3, 2, 1], (1, 2, 4)) == {1: 0.6, 2: 0.3}  # block 4: 3 drafts at most
+    assert round_shares([]) == {}
 
 
 def test_drafter_for_another_target_is_refused(smollm2: Target) -> None:
@@ -145,6 +164,7 @@ def test_cli_eval_reports_one_json_line(smollm2: Target, tmp_path: Path) -> None
     assert progress[1].startswith("eval block ") and " 1/1  prompts, tau so far " in progress[1]
     assert reply.data["lossless"] is True and reply.data["dtype"] == "float32"
     assert reply.data["prompts"] == 1 and reply.data["blocks"] >= 1
+    assert sum(reply.data["round_lengths"]) == reply.data["blocks"]
     assert reply.data["tau"] >= 1.0 and reply.data["tokens_per_target_forward"] > 0
 
 

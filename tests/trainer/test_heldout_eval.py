@@ -174,6 +174,9 @@ def test_a_separate_eval_of_the_checkpoint_gives_the_same_numbers_and_is_recorde
         event["tau"], event["tau_tf"], event["lossless"],
     )  # fmt: skip
     assert data["slot_acc"] == event["slot_acc"] and data["blocks"] == event["blocks"]
+    assert data["round_lengths"] == event["round_lengths"]
+    assert sum(event["round_lengths"]) == event["blocks"]
+    assert len(event["round_lengths"]) == event["block_size"]
     # Appended to the finished run's stream as the same event, seq continuing.
     lines = status_lines(eval_run)
     assert [line.seq for line in lines] == list(range(len(lines)))
