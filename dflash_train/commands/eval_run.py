@@ -15,7 +15,7 @@ from dflash_train.rundir import RunDir
 
 if TYPE_CHECKING:
     from dflash_train.data.heldout import HeldoutSet
-    from dflash_train.decode.speculative import EvalSummary
+    from dflash_train.decode.evaluation import EvalSummary
     from dflash_train.model.drafter import DFlashDrafter
     from dflash_train.targets.frozen_target import Target
 

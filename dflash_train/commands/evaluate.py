@@ -15,7 +15,7 @@ from dflash_train.pipeline.progress_line import ProgressLine
 if TYPE_CHECKING:
     from dflash_train.data.conversations import Conversation
     from dflash_train.data.heldout import HeldoutSet
-    from dflash_train.decode.speculative import EvalSummary
+    from dflash_train.decode.evaluation import EvalSummary
     from dflash_train.targets.frozen_target import ResolvedTarget
 
 
@@ -147,7 +147,8 @@ def _evaluate(
 
     from dflash_train.checkpoint.export import load_any_drafter
     from dflash_train.data.prompt_ids import conversation_prompt_ids, stop_token_ids
-    from dflash_train.decode.speculative import check_compatible, evaluate_prompts
+    from dflash_train.decode.evaluation import evaluate_prompts
+    from dflash_train.decode.speculative import check_compatible
     from dflash_train.targets.frozen_target import load_target
 
     start = time.monotonic()

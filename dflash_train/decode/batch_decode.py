@@ -23,14 +23,13 @@ import torch
 from dflash_train.decode.cached_target import CachedTarget
 from dflash_train.decode.device_round import DeviceRound, build
 from dflash_train.decode.draft_cache import CachedDrafter
+from dflash_train.decode.evaluation import EvalSummary, summarize
 from dflash_train.decode.speculative import (
     Decoder,
-    EvalSummary,
     Generation,
     capacity_for,
     cut_tokens,
     greedy_decode,
-    summarize,
     with_block_size,
 )
 from dflash_train.model.drafter import DFlashDrafter
@@ -169,7 +168,7 @@ def evaluate_batched(
     between_rounds: Callable[[], None] | None = None,
     phases: dict[str, float] | None = None,
 ) -> EvalSummary:
-    """speculative.evaluate_prompts' summary with the speculative decodings batched: each
+    """evaluation.evaluate_prompts' summary with the speculative decodings batched: each
     prompt against its plain greedy decoding at batch 1 (taken from `greedy`, the frozen
     target's, or decoded once and kept there). Its seconds are wall time, not the batch-1
     speed a user gets (`dflash-train eval` measures that). `phases` gets the seconds of

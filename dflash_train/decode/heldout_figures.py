@@ -1,7 +1,7 @@
 """The figures of one held-out evaluation, computed the same way in the run and by
 `dflash-train eval --run-dir`: real speculative decoding on the first K held-out prompts
 (greedy, lossless check: batched in the run, batch_decode.evaluate_batched; one at a time by
-`eval`, speculative.evaluate_prompts; the same tokens and rounds either way) and the
+`eval`, evaluation.evaluate_prompts; the same tokens and rounds either way) and the
 teacher-forced per-slot acceptance on the held-out answers (every anchor of every answer,
 no sampling)."""
 
@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from dflash_train.decode.speculative import EvalSummary, with_block_size
+from dflash_train.decode.evaluation import EvalSummary
+from dflash_train.decode.speculative import with_block_size
 from dflash_train.model.drafter import DFlashDrafter
 from dflash_train.targets.frozen_target import Target
 

@@ -15,12 +15,8 @@ from dflash_train.checkpoint.export import load_any_drafter
 from dflash_train.data.prompt_ids import chat_prompt_ids, stop_token_ids
 from dflash_train.data.prompts import load_prompts
 from dflash_train.decode.batch_decode import BatchSpeculator, capacity_for, evaluate_batched
-from dflash_train.decode.speculative import (
-    Decoder,
-    Generation,
-    speculative_decode,
-    summarize,
-)
+from dflash_train.decode.evaluation import summarize
+from dflash_train.decode.speculative import Decoder, Generation, speculative_decode
 from dflash_train.model.drafter import DFlashDrafter
 from dflash_train.targets.frozen_target import Target
 

@@ -19,15 +19,13 @@ from dflash_train.data.prompt_ids import chat_prompt_ids, stop_token_ids
 from dflash_train.data.prompts import load_prompts
 from dflash_train.decode.device_round import DeviceRound
 from dflash_train.decode.draft_cache import CachedDrafter
+from dflash_train.decode.evaluation import evaluate_prompts, first_divergence, summarize
 from dflash_train.decode.speculative import (
     Decoder,
     Generation,
     cached_drafter,
-    evaluate_prompts,
-    first_divergence,
     greedy_decode,
     speculative_decode,
-    summarize,
 )
 from dflash_train.model.drafter import DFlashDrafter
 from dflash_train.targets.frozen_target import Target, load_target

@@ -16,13 +16,11 @@ from dflash_train import protocol
 from dflash_train.checkpoint.export import export_drafter
 from dflash_train.data.prompt_ids import chat_prompt_ids, stop_token_ids
 from dflash_train.data.prompts import load_prompts
+from dflash_train.decode.evaluation import evaluate_prompts, round_shares, summarize
 from dflash_train.decode.speculative import (
     check_compatible,
-    evaluate_prompts,
     greedy_generate,
-    round_shares,
     speculative_generate,
-    summarize,
 )
 from dflash_train.model.dflash_loss import dflash_forward_loss, sample_anchors
 from dflash_train.model.drafter import DFlashDrafter, drafter_config_for_target

@@ -13,7 +13,7 @@ import torch
 from dflash_train.checkpoint.export import load_any_drafter
 from dflash_train.data.prompt_ids import chat_prompt_ids, stop_token_ids
 from dflash_train.data.prompts import load_prompts
-from dflash_train.decode.speculative import evaluate_prompts
+from dflash_train.decode.evaluation import evaluate_prompts
 from dflash_train.targets.frozen_target import Target
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "quality_smollm2"
