@@ -43,7 +43,7 @@
 #   bash bench/scripts/quality_session.sh study          # again, until done
 #   DRY=1 OUT=/tmp/dry bash bench/scripts/quality_session.sh study     # the plumbing on a CPU
 # The set then travels instead of being prepared again by the next session (see `pack`):
-#   PREP_LIMIT=540 ... quality_session.sh data pack send   # the data call packs and sends
+#   PREP_LIMIT=520 ... quality_session.sh data pack send   # packing takes ~15 s of the call
 #   bash bench/scripts/quality_session.sh send   # only if parts are left (4 a call, 60 MiB)
 #   ... copy each call's data27.* into .data27/ here (make_carry.sh data27 lists the calls)
 #   next session: `carry`, `carry`, then `unpack` on each call make_carry.sh data27 plans
