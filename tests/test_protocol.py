@@ -255,3 +255,11 @@ def test_console_side_imports_no_torch() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_round_shares_of_known_rounds() -> None:
+    # Ten rounds: four made 1 token (no draft kept), three 2, two 5, one 9.
+    lengths = [4, 3, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]
+    assert p.round_shares(lengths) == {1: 0.6, 2: 0.3, 4: 0.3, 8: 0.1}
+    assert p.round_shares([4, 3, 2, 1], (1, 2, 4)) == {1: 0.6, 2: 0.3}  # block 4: 3 drafts at most
+    assert p.round_shares([]) == {}

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from dflash_train import protocol
-from dflash_train.decode.evaluation import round_shares
+from dflash_train.protocol import round_shares
 from dflash_train.report.series import RunSeries, read_run
 from dflash_train.rundir import RunDir, read_json
 

@@ -140,16 +140,6 @@ def summarize(
     )
 
 
-def round_shares(
-    round_lengths: Sequence[int], drafts: Sequence[int] = (1, 2, 4, 8)
-) -> dict[int, float]:
-    """Of all rounds, the share that accepted at least d drafts, for each d in `drafts` (and
-    inside the block): 1 is how often the first draft is right, 8 how often a round runs
-    long. A recipe that lifts tau lifts some of these more than others."""
-    rounds = sum(round_lengths)
-    return {d: sum(round_lengths[d:]) / rounds for d in drafts if rounds and d < len(round_lengths)}
-
-
 def evaluate_prompts(
     target: Target,
     drafter: DFlashDrafter,

@@ -23,6 +23,7 @@ from dflash_train.protocol import (
     Reply,
     StatusLine,
     eval_score,
+    round_shares,
 )
 from dflash_tui.sources.advised_split import SPLIT_ADVICE, AdvisedSplit, read_advice
 from dflash_tui.sources.bucket_level import SeriesView
@@ -73,6 +74,9 @@ class HeldoutTau:
     tau: float | None
     tau_tf: float | None
     lossless: bool | None
+    # The share of its decoding rounds that kept the first draft (protocol.round_shares of
+    # the event's round_lengths); None when the event has none (a hybrid's, an older box's).
+    first_kept: float | None = None
 
     @property
     def teacher_forced_only(self) -> bool:
@@ -353,7 +357,10 @@ class RunState:
         tau_tf = line.get("tau_tf")
         tau = float(line["tau"]) if _is_number(line.get("tau")) else None
         lossless = None if tau is None else bool(line.get("lossless"))
-        held = HeldoutTau(step, tau, tau_tf if _is_number(tau_tf) else None, lossless)
+        lengths = line.get("round_lengths")
+        counts = lengths if isinstance(lengths, list) and all(map(_is_count, lengths)) else []
+        first_kept = round_shares(counts, (1,)).get(1)
+        held = HeldoutTau(step, tau, tau_tf if _is_number(tau_tf) else None, lossless, first_kept)
         self.heldout_scores[step] = held
         if self.heldout is not None and step < self.heldout.step:
             return
@@ -539,6 +546,10 @@ def decimate(points: Series | list[tuple[float, float]], width: int) -> list[tup
         else:
             out += (hi, lo)
     return out
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _is_number(value: Any) -> bool:

@@ -16,7 +16,7 @@ from dflash_train import protocol
 from dflash_train.checkpoint.export import export_drafter
 from dflash_train.data.prompt_ids import chat_prompt_ids, stop_token_ids
 from dflash_train.data.prompts import load_prompts
-from dflash_train.decode.evaluation import evaluate_prompts, round_shares, summarize
+from dflash_train.decode.evaluation import evaluate_prompts, summarize
 from dflash_train.decode.speculative import (
     check_compatible,
     greedy_generate,
@@ -24,6 +24,7 @@ from dflash_train.decode.speculative import (
 )
 from dflash_train.model.dflash_loss import dflash_forward_loss, sample_anchors
 from dflash_train.model.drafter import DFlashDrafter, drafter_config_for_target
+from dflash_train.protocol import round_shares
 from dflash_train.targets.frozen_target import Target, extract_context
 
 
@@ -122,14 +123,6 @@ def test_trained_drafter_gets_tokens_accepted_and_stays_lossless(smollm2: Target
     shares = round_shares(lengths)
     assert shares[1] == sum(n >= 2 for n in spec.block_lengths) / len(spec.block_lengths) > 0
     assert list(shares) == [1, 2, 4, 8] and shares[1] >= shares[2] >= shares[4] >= shares[8]
-
-
-def test_round_shares_of_known_rounds() -> None:
-    # Ten rounds: four made 1 token (no draft kept), three 2, two 5, one 9.
-    lengths = [4, 3, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]
-    assert round_shares(lengths) == {1: 0.6, 2: 0.3, 4: 0.3, 8: 0.1}
-    assert round_shares([4, 3, 2, 1], (1, 2, 4)) == {1: 0.6, 2: 0.3}  # block 4: 3 drafts at most
-    assert round_shares([]) == {}
 
 
 def test_drafter_for_another_target_is_refused(smollm2: Target) -> None:

@@ -9,8 +9,11 @@ import json
 from pathlib import Path
 
 from rich.console import Console
+from textual.pilot import Pilot
 from textual.widgets import DataTable, Static
 
+from dflash_train import protocol
+from dflash_tui.app import DflashApp
 from dflash_tui.screens.checkpoints_screen import CheckpointsScreen
 from dflash_tui.screens.run_details import RunDetailsScreen, run_details
 from dflash_tui.widgets.gpu_heatmap import GpuHeatmap
@@ -145,3 +148,50 @@ async def test_a_status_answer_while_the_checkpoints_screen_closes_is_dropped(
         screen.show_listing(None, "later still")
         await pilot.pause()
         assert app.is_running
+
+
+async def test_the_tau_plot_says_how_often_held_out_rounds_kept_the_first_draft(
+    tmp_path: Path,
+) -> None:
+    """A held-out evaluation's rounds by length (its event's round_lengths: the committed
+    quality export's, 2026-12-05) read beside the tau plot as the share of rounds that kept
+    the first draft, where the line has room for it and its range label; an evaluation
+    without them (a hybrid's) shows no share."""
+    run_dir = make_run_dir(tmp_path, 300)
+    stream = run_dir / "status.jsonl"
+    last = json.loads(stream.read_text().splitlines()[-1])
+    rounds = [1646, 976, 597, 316, 108, 35, 14, 3, 4, 2, 1, 0, 1, 1, 0, 0]
+    figures = {"level": "info", "code": "eval", "message": "held-out tau", "tau_tf": None,
+               "lossless": True, "prompts": 40, "tokens": 256, "seconds": 1.3}  # fmt: skip
+    with stream.open("a", encoding="utf-8") as fh:
+        fh.write(
+            protocol.encode_line(
+                "event", seq=last["seq"] + 1, run=RUN_ID, t=last["t"], step=299, tau=2.057,
+                round_lengths=rounds, **figures,
+            )
+        )  # fmt: skip
+
+    async def tau_summary(pilot: Pilot[None], app: DflashApp) -> str:
+        loss = app.screen.query_one(LossPane)
+        await wait_until(pilot, lambda: app.state.heldout is not None)
+        while loss.choice.id != "tau":
+            await pilot.press("v")
+        await wait_until(pilot, lambda: "held-out" in summary(loss))
+        return summary(loss)
+
+    async with attached(run_dir, size=(120, 40)) as (app, pilot, _):
+        narrow = await tau_summary(pilot, app)
+        assert "1st draft" not in narrow and narrow.endswith("whole run · steps")
+    async with attached(run_dir, size=(220, 48)) as (app, pilot, _):
+        assert app.state.heldout.first_kept == sum(rounds[1:]) / sum(rounds)  # 0.556
+        wide = await tau_summary(pilot, app)
+        assert "1st draft kept 56%   whole run · steps" in wide
+        # A teacher-forced-only evaluation (a hybrid target's) has no rounds to read.
+        figures |= {"tau_tf": 2.3, "lossless": None, "prompts": 0}
+        app.state.apply(protocol.decode_line(protocol.encode_line(
+            "event", seq=last["seq"] + 2, run=RUN_ID, t=last["t"], step=300, tau=None,
+            **figures)))  # fmt: skip
+        assert app.state.heldout.step == 300 and app.state.heldout.first_kept is None
+        app.request_redraw()
+        loss = app.screen.query_one(LossPane)
+        await wait_until(pilot, lambda: "1st draft" not in summary(loss))
