@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from dflash_train import protocol
-from dflash_train.protocol import round_shares
 from dflash_train.report.series import RunSeries, read_run
 from dflash_train.rundir import RunDir, read_json
 
@@ -153,13 +152,18 @@ def _number(value: Any, spec: str = ",") -> str:
     return "–" if value is None else format(value, spec)
 
 
-def _shares(point: dict[str, Any] | None) -> str:
-    """The final evaluation's rounds that kept at least 1, 2, 4 and 8 drafts, in percent:
-    where a variant's tau comes from (the first draft right more often, or longer runs)."""
+def round_shares(point: dict[str, Any] | None) -> dict[int, float] | None:
+    """Of an evaluation's rounds, the share that kept at least 1, 2, 4 and 8 drafts: where a
+    variant's tau comes from (the first draft right more often, or longer runs)."""
     lengths = (point or {}).get("round_lengths")
-    if not lengths:
+    return protocol.round_shares(lengths) if lengths else None
+
+
+def _shares(point: dict[str, Any] | None) -> str:
+    shares = round_shares(point)
+    if shares is None:
         return "–"
-    return " / ".join(f"{100 * share:.0f}" for share in round_shares(lengths).values())
+    return " / ".join(f"{100 * share:.0f}" for share in shares.values())
 
 
 def table(variants: list[Variant], base: Variant) -> str:
@@ -230,11 +234,7 @@ def summary(variants: list[Variant], base: Variant) -> dict[str, Any]:
             "final_tau": final and final["score"],
             "final_step": final and final["step"],
             # Of the final evaluation's rounds, the share that kept at least d drafts.
-            "final_round_shares": (
-                round_shares(final["round_lengths"])
-                if final and final.get("round_lengths")
-                else None
-            ),
+            "final_round_shares": round_shares(final),
             "best_tau": best and best["score"],
             "best_step": best and best["step"],
             "steps_done": v.steps_done,

@@ -318,14 +318,14 @@ stage_unpack() {
   (cd "$dir" && grep "part-" "$PACK.sha256" | sha256sum -c --quiet) \
     || { log "unpack: a part's sum differs"; return 1; }
   [ "$PACK" != data27 ] || rm -rf "$W/data"
-  cat "$dir/$PACK".tar.xz.part-* | xz_pipe -d | tar -C "$W" -xf - \
+  cat "$dir/$PACK".tar.xz.part-* | xz_pipe -d | tar -C "$W" -xvf - >"$dir/unpacked.txt" \
     || { log "unpack failed"; return 1; }
   touch "$W/$PACK.done"
   if [ "$PACK" = data27 ]; then
     touch "$W/data.done"
     log "unpack: $W/data, $(du -sb "$W/data" | cut -f1) bytes: $(python3 -c "import json;print(json.load(open('$W/prepare.json'))['stats'])")"
   else
-    log "unpack: $PACK into $W: $(tar -tf <(cat "$dir/$PACK".tar.xz.part-* | xz_pipe -d) | head -3 | xargs)"
+    log "unpack: $PACK into $W: $(head -3 "$dir/unpacked.txt" | xargs)"
   fi
 }
 

@@ -101,10 +101,9 @@ stage_launch() {
   tail -n 80 "$run/train.log" > "$OUT/launch_fp8.train_log_tail.txt"
 }
 
-# Each shape in its own process with its own limit: the 8B rig's memory is gone before the 27B
-# one is built, and a slow compile of one shape cannot take the other's figures with it.
-# The variants one call profiles, "dims:tag[:arg,arg]", run in this order (the eager baselines
-# beside the compiled ones: timings compare within one call). Traces stay in /tmp/profiles (0.8
+# The variants one call profiles, "dims:tag[:arg,arg]", in this order (the eager baselines
+# beside the compiled ones: timings compare within one call), each in its own process: the
+# last rig's memory is gone before the next is built. Traces stay in /tmp/profiles (0.8
 # MB each, and a call returns at most 8 files); the summaries and one log come back.
 PROFILE_RUNS="${PROFILE_RUNS:-qwen3-8b:compiled qwen3-8b:eager:--drafter-layers=eager \
 qwen3.6-27b:compiled qwen3.6-27b:eager:--drafter-layers=eager \

@@ -80,23 +80,21 @@ class LossPane(Vertical):
             )
             if choice.id == "tau" and state.heldout is None:
                 text += "   [dim](no held-out evaluation yet)[/dim]"
+        tail = f"   [dim]({', '.join(modes)})[/dim]" if modes else ""
+        tail += f"   [dim]{view.label()}[/dim]"
         if choice.id == "tau" and state.heldout is not None:
-            text += self._first_kept(text, view, state.heldout.first_kept)
-        if modes:
-            text += f"   [dim]({', '.join(modes)})[/dim]"
+            text += self._first_kept(text, tail, state.heldout.first_kept)
         # One line whatever it says: no layout pass needed.
-        self.query_one(".pane-summary", Static).update(
-            f"{text}   [dim]{view.label()}[/dim]", layout=False
-        )
+        self.query_one(".pane-summary", Static).update(text + tail, layout=False)
 
-    def _first_kept(self, text: str, view: PlotView, first_kept: float | None) -> str:
+    def _first_kept(self, text: str, tail: str, first_kept: float | None) -> str:
         """Where held-out tau comes from: the share of its decoding rounds that kept the first
-        draft. Said only where the line has room for it and the range label after it."""
+        draft. Said only where the line has room for it and the modes and range after it."""
         if first_kept is None:
             return ""
         extra = f"   1st draft kept [b]{units.percent(first_kept)}[/b]"
-        line = Text.from_markup(f"{text}{extra}   {view.label()}   (log, smooth)")
-        return extra if line.cell_len <= self.content_size.width else ""
+        fits = Text.from_markup(text + extra + tail).cell_len <= self.content_size.width
+        return extra if fits else ""
 
 
 PREPARE_THEN_TRAIN = "preparing data: the training starts when every answer is written"
