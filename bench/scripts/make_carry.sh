@@ -101,6 +101,7 @@ CALLS=(
   "target_stage carry stage: .whl .weights28/p/part-aa .weights28/gguf.sha256"
   "target_stage carry: .weights28/p/part-ab"
   "target_stage carry fidelity: .weights28/p/part-ac"
+  "target_stage plan: .whl"
   "quality carry: .whl15 .weights15/p3/part-aa .weights15/gguf.sha256"
   "quality carry: .weights15/p3/part-ab"
   "quality data: .weights15/p3/part-ac"

@@ -8,6 +8,10 @@
 #   fidelity  reassemble the GGUF, convert it, bench/fp8_fidelity.py (bf16 vs fp8 SmolLM2)
 #   launch    a real `dflash-train launch --target-dtype fp8` (random:qwen3-8b) for a few
 #             hundred steps
+#   plan      bench/plan_check.py (goal 4): `plan --measure` calibrates random:qwen3-8b on the
+#             GPU, then the async pipeline with two target replicas and the drafter sharing it
+#             runs PLAN_PIPELINE_S; the prediction against the measured rate (~5 min; carry
+#             .whl: train reads its data with `datasets`)
 #   profile   bench/profile_drafter.py, flex: where one drafter step's time goes at Qwen3-8B
 #             8x2048 and Qwen3.6-27B 4x2048 (goal 3), the drafter layers compiled and eager,
 #             and at 27B dims flex autotuned (PROFILE_RUNS; ~6 min, 6 files: the summaries and
@@ -78,8 +82,7 @@ stage_fidelity() {
 
 stage_launch() {
   smollm2 || return 1
-  say "synthetic data"
-  python3 bench/fixtures/synthetic_dataset.py --out /tmp/synth --samples 1200 --min-len 1024 --max-len 2048
+  synthetic_data
   run=/tmp/run_fp8
   say "launch fp8"
   python3 -m dflash_train launch "$run" --wait 150 --env "PYTHONPATH=$PYTHONPATH" \
@@ -99,6 +102,22 @@ stage_launch() {
   [ "$state" = running ] && python3 -m dflash_train stop "$run" | tee "$OUT/launch_fp8.stop.json"
   cp "$run/status.jsonl" "$OUT/launch_fp8.status.jsonl"
   tail -n 80 "$run/train.log" > "$OUT/launch_fp8.train_log_tail.txt"
+}
+
+synthetic_data() {
+  [ -f /tmp/synth/prepare.json ] && return 0
+  say "synthetic data"
+  python3 bench/fixtures/synthetic_dataset.py --out /tmp/synth --samples 1200 --min-len 1024 --max-len 2048
+}
+
+stage_plan() {
+  synthetic_data
+  say "plan check: calibration, then the shared async pipeline"
+  timeout "${PLAN_TIMEOUT:-420}" python3 bench/plan_check.py --target-model random:qwen3-8b \
+    --data-dir /tmp/synth --device 0 --measure-seconds "${PLAN_MEASURE_S:-60}" \
+    --pipeline-seconds "${PLAN_PIPELINE_S:-120}" --out "$OUT/plan_check_h200.json" -- \
+    --draft-layers 2 --num-anchors 512 --tokens-per-batch 8192 --num-buckets 4 --max-length 2048 \
+    --epochs 1000 --log-every 5 2>&1 | tee "$OUT/plan_check_h200.log" | grep -v Warning | tail -12
 }
 
 # The variants one call profiles, "dims:tag[:arg,arg]", in this order (the eager baselines

@@ -49,6 +49,40 @@ def split_rate(rates: StageRates, targets: int, drafters: int) -> Split:
     )
 
 
+def topology_split(
+    rates: StageRates, target_devices: Sequence[str], drafter_devices: Sequence[str]
+) -> Split:
+    """The predicted rate of a run's own placement, devices shared or not. A device's time is
+    shared by what runs on it: target replicas on one device together make at most one
+    device's worth of target stage (they split its time); each drafter rank consumes an equal
+    share r / ranks (DDP steps in lock step), costing its device r / (ranks x drafter) of its
+    time. With B drafter ranks on the devices that hold targets, those devices make
+    (devices - r B / (ranks x drafter)) x target, so r = devices x target / (1 + target B /
+    (ranks x drafter)), and no drafter device may be over-full: r <= ranks x drafter / (the
+    most ranks on one device). Disjoint devices give split_rate's min(t x target, d x drafter);
+    one shared device gives target x drafter / (target + drafter), the stages taking turns.
+    The utilisations are the shares of its own devices' time each stage uses."""
+    if not target_devices or not drafter_devices:
+        raise ValueError("a run needs at least one target and one drafter device")
+    ranks = len(drafter_devices)
+    t_devices = set(target_devices)
+    per_device = {d: list(drafter_devices).count(d) for d in set(drafter_devices)}
+    on_targets = sum(n for d, n in per_device.items() if d in t_devices)
+    produce = len(t_devices) * rates.target_ktok_s
+    consume = ranks * rates.drafter_ktok_s
+    rate = min(
+        produce / (1.0 + rates.target_ktok_s * on_targets / consume),
+        consume / max(per_device.values()),
+    )
+    return Split(
+        len(target_devices),
+        ranks,
+        round(rate, 3),
+        round(rate / produce, 3),
+        round(rate * max(per_device.values()) / consume, 3),
+    )
+
+
 def all_splits(rates: StageRates, gpus: int) -> list[Split]:
     """Every split with at least one GPU on each side, targets ascending."""
     if gpus < 2:
@@ -102,7 +136,9 @@ def rates_from_lines(lines: Iterable[protocol.StatusLine]) -> StageRates:
     topology = start["topology"]
     notes = []
     shared = set(topology.get("target") or ()) & set(topology.get("drafter") or ())
-    if shared:
+    # In the sync pipeline the stages take turns, so each one's time is its own even on a
+    # shared device; the async pipeline overlaps them there.
+    if shared and topology.get("pipeline") != "sync":
         notes.append(
             f"target and drafter shared {', '.join(sorted(shared))}: each stage's time holds "
             "the other's kernels too, so both rates are lower bounds"
@@ -127,9 +163,10 @@ def read_stream(path: Path) -> list[protocol.StatusLine]:
 
 
 def plan_record(
-    rates: StageRates, gpus: int, current: tuple[int, int] | None = None
+    rates: StageRates, gpus: int, current: tuple[Sequence[str], Sequence[str]] | None = None
 ) -> dict[str, Any]:
-    """The reply's data: the rates, the best split, every split, and the run's own split."""
+    """The reply's data: the rates, the best split, every split, and the run's own placement
+    (its target and drafter devices) as topology_split predicts it."""
     record: dict[str, Any] = {
         "gpus": gpus,
         "rates": asdict(rates) | {"notes": list(rates.notes)},
@@ -137,8 +174,15 @@ def plan_record(
         "splits": [asdict(s) for s in all_splits(rates, gpus)],
     }
     if current is not None:
-        record["current"] = asdict(split_rate(rates, *current))
+        record["current"] = asdict(topology_split(rates, *current)) | {
+            "target_devices": list(current[0]),
+            "drafter_devices": list(current[1]),
+        }
     return record
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def table(record: dict[str, Any]) -> str:
@@ -160,4 +204,20 @@ def table(record: dict[str, Any]) -> str:
         f"{rates['drafter_ktok_s']:.2f} Ktok/s ({rates['source']})"
     )
     rows.extend(f"note: {note}" for note in rates["notes"])
+    current, measured = record.get("current"), record.get("measured")
+    if current is not None:
+        targets = _count(current["targets"], "target replica")
+        drafters = _count(current["drafters"], "drafter rank")
+        on = [", ".join(sorted(set(current[f"{side}_devices"]))) for side in ("target", "drafter")]
+        rows.append(
+            f"the run's own placement ({targets} on {on[0]}, {drafters} on {on[1]}): "
+            f"~{current['ktok_s']:.2f} Ktok/s"
+        )
+    if measured is not None:
+        rows.append(
+            "measured by a calibration run: target on {target_device}, drafter on "
+            "{drafter_device}, {pipeline} pipeline, {steps} steps in {seconds:.0f} s".format(
+                **measured
+            )
+        )
     return "\n".join(rows)
