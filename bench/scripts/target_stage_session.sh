@@ -11,7 +11,8 @@
 #   plan      bench/plan_check.py (goal 4): `plan --measure` calibrates random:qwen3-8b on the
 #             GPU, then the async pipeline with two target replicas and the drafter sharing it
 #             runs PLAN_PIPELINE_S; the prediction against the measured rate (~5 min; carry
-#             .whl: train reads its data with `datasets`)
+#             .whl: train reads its data with `datasets`). On a CPU: PLAN_DEVICE=cpu
+#             PLAN_TARGET=smollm2 PLAN_RECIPE="<a tiny recipe>"
 #   profile   bench/profile_drafter.py, flex: where one drafter step's time goes at Qwen3-8B
 #             8x2048 and Qwen3.6-27B 4x2048 (goal 3), the drafter layers compiled and eager,
 #             and at 27B dims flex autotuned (PROFILE_RUNS; ~6 min, 6 files: the summaries and
@@ -113,10 +114,11 @@ synthetic_data() {
 stage_plan() {
   synthetic_data
   say "plan check: calibration, then the shared async pipeline"
-  timeout "${PLAN_TIMEOUT:-420}" python3 bench/plan_check.py --target-model random:qwen3-8b \
-    --data-dir /tmp/synth --device 0 --measure-seconds "${PLAN_MEASURE_S:-60}" \
-    --pipeline-seconds "${PLAN_PIPELINE_S:-120}" --out "$OUT/plan_check_h200.json" -- \
-    --draft-layers 2 --num-anchors 512 --tokens-per-batch 8192 --num-buckets 4 --max-length 2048 \
+  # shellcheck disable=SC2086  # PLAN_RECIPE is a list of arguments
+  timeout "${PLAN_TIMEOUT:-420}" python3 bench/plan_check.py --target-model "${PLAN_TARGET:-random:qwen3-8b}" \
+    --data-dir /tmp/synth --device "${PLAN_DEVICE:-0}" --measure-seconds "${PLAN_MEASURE_S:-60}" \
+    --pipeline-seconds "${PLAN_PIPELINE_S:-120}" --work /tmp/plan_check --out "$OUT/plan_check_h200.json" -- \
+    ${PLAN_RECIPE:---draft-layers 2 --num-anchors 512 --tokens-per-batch 8192 --num-buckets 4 --max-length 2048} \
     --epochs 1000 --log-every 5 2>&1 | tee "$OUT/plan_check_h200.log" | grep -v Warning | tail -12
 }
 
