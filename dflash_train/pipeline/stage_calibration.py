@@ -12,12 +12,14 @@ time is still its own."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,8 @@ from dflash_train.pipeline import split_plan
 OWNED = ("--output-dir", "--resume-from", "--run-id")
 STOP_WAIT_S = 300.0  # a SIGTERM's checkpoint write, then SIGKILL
 POLL_S = 0.5
+# What stops plan while it calibrates: Ctrl-C, a `kill`, a dropped SSH session.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class CalibrationError(ValueError):
@@ -129,17 +133,66 @@ def _usable_profiles(lines: Sequence[protocol.StatusLine]) -> int:
     )
 
 
+def _wait_for_profiles(
+    proc: subprocess.Popen[bytes],
+    status: Path,
+    profiles: int,
+    deadline: float,
+    say: Callable[[str], None],
+) -> int | None:
+    """Until `profiles` usable profile lines follow the first, the trainer ends (its exit
+    code) or the deadline passes (None either way but the second)."""
+    seen = 0
+    while True:
+        code = proc.poll()
+        lines = split_plan.read_stream(status) if status.is_file() else []
+        usable = _usable_profiles(lines)
+        if usable - 1 > seen:
+            seen = usable - 1
+            say(f"calibrating: {seen} of {profiles} profile lines")
+        if usable > profiles or code is not None:
+            return code
+        if time.monotonic() > deadline:
+            say("calibrating: its time limit passed, stopping")
+            return None
+        time.sleep(POLL_S)
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM the calibration's process group (the trainer ends its step and writes its
-    checkpoint), SIGKILL if it has not ended after STOP_WAIT_S."""
+    checkpoint), SIGKILL if it has not ended after STOP_WAIT_S or a second signal asks."""
     if proc.poll() is not None:
         return
     os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=STOP_WAIT_S)
-    except subprocess.TimeoutExpired:
+    except (subprocess.TimeoutExpired, _Stopped):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+class _Stopped(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """STOP_SIGNALS raise _Stopped in the main thread while the calibration runs, so its
+    `finally` stops the trainer, which runs in its own session and would otherwise train on
+    alone; the old handlers come back after."""
+
+    def raise_stopped(signum: int, _frame: object) -> None:
+        raise _Stopped(signal.Signals(signum).name)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.signal(sig, raise_stopped) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def _why(lines: Sequence[protocol.StatusLine], exc: ValueError, log: Path) -> str:
@@ -180,32 +233,25 @@ def measure(
     env = os.environ | {"WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
     status = run_dir / "status.jsonl"
     start = time.monotonic()
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True,
-        )  # fmt: skip
-    say(
-        f"calibrating in {run_dir}: starting (the first profile line, compile and warm-up, "
-        f"is left out)"
-    )
-    seen = 0
-    try:
-        while True:
-            code = proc.poll()
-            lines = split_plan.read_stream(status) if status.is_file() else []
-            usable = _usable_profiles(lines)
-            if usable - 1 > seen:
-                seen = usable - 1
-                say(f"calibrating: {seen} of {profiles} profile lines")
-            if usable > profiles or code is not None:
-                break
-            if time.monotonic() - start > timeout:
-                say(f"calibrating: {timeout:.0f} s passed, stopping")
-                break
-            time.sleep(POLL_S)
-    finally:
-        _stop(proc)
+    with _stopped_by_signals():
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,
+            )  # fmt: skip
+        say(
+            f"calibrating in {run_dir}: starting (the first profile line, compile and "
+            "warm-up, is left out)"
+        )
+        try:
+            code = _wait_for_profiles(proc, status, profiles, start + timeout, say)
+        except _Stopped as exc:
+            raise CalibrationError(
+                f"measure: plan was stopped ({exc}), and its calibration run with it",
+                "measure_failed",
+            ) from None
+        finally:
+            _stop(proc)
     seconds = time.monotonic() - start
     lines = split_plan.read_stream(status) if status.is_file() else []
     try:

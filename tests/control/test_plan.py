@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -237,3 +239,39 @@ def test_a_calibration_that_cannot_train_says_why_and_leaves_nothing(tmp_path: P
         f"DatasetError: data dir {tmp_path / 'none'}: not a directory"
     )
     assert list(temp.iterdir()) == []  # its temporary run dir is gone
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_plan_stopped_while_calibrating_stops_its_trainer(
+    tmp_path: Path, prepared_data_dir: Path, sig: signal.Signals
+) -> None:
+    keep = tmp_path / "calibration"
+    plan = subprocess.Popen(
+        [
+            sys.executable, "-m", "dflash_train", "plan", "--gpus", "4", "--measure",
+            "--measure-seconds", "600", "--measure-dir", str(keep), "--", "--target-model",
+            "smollm2", "--data-dir", str(prepared_data_dir), *CPU_TINY.argv(), "--epochs", "1000",
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    trainer = None
+    while trainer is None and time.monotonic() < deadline:  # its trainer is training
+        lines = split_plan.read_stream(keep / "status.jsonl") if keep.is_dir() else []
+        if any(line.kind == "step" for line in lines):
+            trainer = next(line for line in lines if line.kind == "run_start")["pid"]
+        time.sleep(0.2)
+    assert trainer is not None, "the calibration never trained"
+    plan.send_signal(sig)
+    out, _ = plan.communicate(timeout=300)
+    reply = json.loads(out.strip().splitlines()[-1])
+    assert plan.returncode == 2 and reply["error_code"] == "measure_failed"
+    assert reply["error"] == (
+        f"measure: plan was stopped ({sig.name}), and its calibration run with it"
+    )
+    # The trainer was stopped as a run is (SIGTERM: its step finished, its run_end written)
+    # and is gone, not training on alone in its own session.
+    with pytest.raises(ProcessLookupError):
+        os.kill(trainer, 0)
+    last = split_plan.read_stream(keep / "status.jsonl")[-1]
+    assert last.kind == "run_end" and last["reason"] == "signal"
