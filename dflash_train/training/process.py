@@ -113,13 +113,21 @@ def _run_and_report(
     from dflash_train.training.run import TrainingRun
 
     run: TrainingRun | None = None
+    setting_up = True
     try:
         run = TrainingRun(config, run_dir, run_id, writer, rank, stop)
         run.setup()
+        setting_up = False
         reason = run.loop()
     except BaseException as exc:
         tail = traceback.format_exc().strip().splitlines()[-20:]
-        print("\n".join(tail), file=sys.stderr)
+        if setting_up and isinstance(exc, ValueError):
+            # Bad input found while setting up (a data dir, the target, a resume point, the
+            # held-out set): its one line names it, as for a refused argument; the traceback
+            # stays in the run_end's error_tail.
+            print(f"dflash-train train: {exc}", file=sys.stderr)
+        else:
+            print("\n".join(tail), file=sys.stderr)
         if run is not None:
             run.shutdown()
         if stop.reason == ORPHANED:  # e.g. the checkpoint in flight lost its folder

@@ -257,7 +257,8 @@ def test_plan_stopped_while_calibrating_stops_its_trainer(
     deadline = time.monotonic() + 300
     trainer = None
     while trainer is None and time.monotonic() < deadline:  # its trainer is training
-        lines = split_plan.read_stream(keep / "status.jsonl") if keep.is_dir() else []
+        stream = keep / "status.jsonl"
+        lines = split_plan.read_stream(stream) if stream.is_file() else []
         if any(line.kind == "step" for line in lines):
             trainer = next(line for line in lines if line.kind == "run_start")["pid"]
         time.sleep(0.2)

@@ -8,6 +8,7 @@ trainer whose run dir is deleted under it stops itself, writing nothing there.""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
 import shutil
@@ -35,6 +36,22 @@ from tests.tui.fleet_box import start_live_run
 
 RUN_ID = "gone0001"
 CRASH_WITHIN_S = 10.0
+
+
+def delete_while_written(path: Path, within: float = 60.0) -> None:
+    """`rm -rf` of a dir a process is writing into, as an operator would run it again: a
+    file the trainer adds (its checkpoint in flight) while rmtree empties a directory makes
+    that directory "not empty" once; delete again until the tree is gone."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            shutil.rmtree(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY or time.monotonic() > deadline:
+                raise
 
 
 class CountingSsh(SshTransport):
@@ -143,7 +160,7 @@ def test_tail_says_so_when_the_run_dir_is_deleted_under_its_trainer(tmp_path: Pa
     the console read RUNNING for a minute, then STALLED, of a run that was gone)."""
     run_dir = tmp_path / "run"
     with followed_live_run(run_dir) as (trainer, read):
-        shutil.rmtree(run_dir)
+        delete_while_written(run_dir)
         deleted_at = time.monotonic()
         sent = None
         while True:
@@ -322,7 +339,7 @@ def test_trainer_whose_run_dir_is_deleted_stops_itself_writing_nothing(
         )
     try:
         box.wait_line(run_dir, lambda ln: ln.kind == "step", what="a step")
-        shutil.rmtree(run_dir)
+        delete_while_written(run_dir)
         deleted_at = time.monotonic()
         code = trainer.wait(60)
         took = time.monotonic() - deleted_at

@@ -162,6 +162,11 @@ def test_startup_failure_ends_the_stream_with_an_error(tmp_path: Path, smollm2_s
     assert [line.kind for line in lines] == ["run_end"]
     assert lines[0]["reason"] == "error" and lines[0]["exit_code"] == 1
     assert "no-such-data" in lines[0]["error_tail"]
+    # On the terminal, one line that names the input, not a traceback.
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"dflash-train train: data dir {tmp_path / 'no-such-data'}: not a directory"
+    )
+    assert "Traceback" not in done.stderr
 
 
 def test_bad_arguments_are_refused_in_one_line(tmp_path: Path, prepared_data_dir: Path) -> None:
