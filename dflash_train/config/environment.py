@@ -1,7 +1,8 @@
 """The few things a trainer process takes from its environment besides training options
 (those are read by loader.py): where models are cached, what W&B needs to find its key,
-and a test hook. Reading them here, by name, keeps `os.environ` out of the rest of
-dflash_train (launch builds the trainer's environment; distributed.py passes ranks)."""
+the environment a calibration run inherits, and a test hook. Reading them here, by name,
+keeps `os.environ` out of the rest of dflash_train (launch builds the trainer's environment;
+distributed.py passes ranks)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,9 @@ def run_id_override() -> str | None:
 
 def stall_save_at_step() -> str | None:
     return os.environ.get(STALL_SAVE_VAR)
+
+
+def inherited_with(extra: dict[str, str]) -> dict[str, str]:
+    """This process's environment with `extra` on top: what a child it starts on this box
+    (`plan --measure`'s calibration trainer) inherits."""
+    return {**os.environ, **extra}

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from dflash_train import protocol
 from dflash_train.config.cli_options import resolve_train_args
+from dflash_train.config.environment import inherited_with
 from dflash_train.config.train_config import ConfigError
 from dflash_train.pipeline import split_plan
 
@@ -230,7 +231,7 @@ def measure(
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "train.log"
     # A calibration is no run to log to W&B (its name would clutter the project).
-    env = os.environ | {"WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    env = inherited_with({"WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"})
     status = run_dir / "status.jsonl"
     start = time.monotonic()
     with _stopped_by_signals():
