@@ -114,9 +114,11 @@ EVENT_LEVELS = ("info", "warning", "error")
 # whose recurrent state cannot be cut back after a rejected draft) is scored teacher-forced
 # only: `tau` and `lossless` null, `tau_tf` set, `prompts` 0. Optional: slot_acc
 # (teacher-forced per-slot acceptance), round_lengths ([k - 1]: decoding rounds that made k
-# tokens), dtype, device, block_size, checkpoint (its path),
-# source ("run" or "manual"), phases_s (the run's: seconds of setup, greedy, speculative,
-# teacher_forced), greedy_decoded (prompts whose plain greedy decoding this one made).
+# tokens), tau_tf_seen and slot_acc_seen (the same teacher-forced figures on as many
+# training samples as held-out answers, cut to their length: seen against unseen; the
+# run's own), dtype, device, block_size, checkpoint (its path), source ("run" or "manual"),
+# phases_s (the run's: seconds of setup, greedy, speculative, teacher_forced,
+# teacher_forced_seen), greedy_decoded (prompts whose plain greedy decoding this one made).
 EVENT_CODE_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "eval": {
         "step": (int,),

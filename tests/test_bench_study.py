@@ -86,6 +86,9 @@ def test_each_variants_curve_recipe_table_and_plot(study_dir: Path, tmp_path: Pa
         shares = {int(d): share for d, share in v["final_round_shares"].items()}
         assert list(shares) == [d for d in (1, 2, 4, 8) if d < len(lengths)]
         assert shares[1] == sum(lengths[1:]) / sum(lengths)
+        # Teacher-forced on samples it trained on; the built-in held-out set has no answers.
+        assert v["final_tau_tf_seen"] == v["curve"][-1]["tau_tf_seen"] >= 1.0
+        assert v["final_tau_tf"] is None
     samples = variants["base"]["dataset"]["samples"]
     assert variants["wide"]["dataset"]["samples"] == 2 * samples
     assert variants["base"]["differs"] == []
@@ -98,7 +101,8 @@ def test_each_variants_curve_recipe_table_and_plot(study_dir: Path, tmp_path: Pa
     base = variants["base"]["final_round_shares"]
     shown = " / ".join(f"{100 * share:.0f}" for share in base.values())
     base_row = next(row for row in table.splitlines() if row.startswith("| base |"))
-    assert f"| {shown} | {STEPS} / {STEPS} |" in base_row
+    seen = variants["base"]["final_tau_tf_seen"]
+    assert f"| {shown} | {seen:.3f} / – | {STEPS} / {STEPS} |" in base_row
     assert "| wide | distill 0.5; draft_layers 2; data" in table
     assert "1 prompts x up to 8 new tokens of builtin, float32" in table
     png = (tmp_path / "study.png").read_bytes()

@@ -166,11 +166,23 @@ def _shares(point: dict[str, Any] | None) -> str:
     return " / ".join(f"{100 * share:.0f}" for share in shares.values())
 
 
+def _fit(point: dict[str, Any] | None) -> str:
+    """Teacher-forced τ on training samples it trained on / on the held-out answers: a
+    variant that fits what it saw no better than what it did not is short of capacity or
+    signal, not of data."""
+    if point is None:
+        return "–"
+    return " / ".join(
+        "–" if point.get(k) is None else f"{point[k]:.3f}" for k in ("tau_tf_seen", "tau_tf")
+    )
+
+
 def table(variants: list[Variant], base: Variant) -> str:
     rows = [
         f"| variant | differs from `{base.name}` | held-out τ, final | best "
-        "| rounds keeping ≥ 1 / 2 / 4 / 8 drafts, % | steps | samples | steps/s | state |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| rounds keeping ≥ 1 / 2 / 4 / 8 drafts, % | τ teacher-forced, seen / held-out "
+        "| steps | samples | steps/s | state |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for v in variants:
         what = "; ".join(differs(v, base)) or "the same recipe"
@@ -178,8 +190,9 @@ def table(variants: list[Variant], base: Variant) -> str:
             what = "(baseline)" if v is base else "no recorded config"
         rows.append(
             f"| {v.name} | {what} | {_tau(v.final())} | {_tau(v.best())} | {_shares(v.final())} "
-            f"| {v.steps_done:,} / {_number(v.max_steps)} | {_number(v.dataset.get('samples'))} "
-            f"| {_number(v.steps_per_s, '.3g')} | {v.state} |"
+            f"| {_fit(v.final())} | {v.steps_done:,} / {_number(v.max_steps)} "
+            f"| {_number(v.dataset.get('samples'))} | {_number(v.steps_per_s, '.3g')} "
+            f"| {v.state} |"
         )
     return "\n".join(rows) + "\n"
 
@@ -235,6 +248,9 @@ def summary(variants: list[Variant], base: Variant) -> dict[str, Any]:
             "final_step": final and final["step"],
             # Of the final evaluation's rounds, the share that kept at least d drafts.
             "final_round_shares": round_shares(final),
+            # Teacher-forced on training samples it saw, and on the held-out answers.
+            "final_tau_tf_seen": final and final.get("tau_tf_seen"),
+            "final_tau_tf": final and final.get("tau_tf"),
             "best_tau": best and best["score"],
             "best_step": best and best["step"],
             "steps_done": v.steps_done,

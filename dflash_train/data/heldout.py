@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -215,3 +215,35 @@ def answer_heldout(
                 )
             )
     return "".join(lines)
+
+
+def seen_sample(
+    rows_of: Callable[[Sequence[int]], Sequence[tuple[Sequence[int], Sequence[int]]]],
+    size: int,
+    count: int,
+    answer_tokens: int,
+    seed: int,
+) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """`count` training samples (`rows_of(indices)` of a dataset of `size`, picked by `seed`:
+    the same at every evaluation of a run), each cut after its first `answer_tokens` answer
+    tokens. Teacher-forced on the same footing as the held-out answers, they say how much of
+    the drafter's shortfall is generalisation (seen against unseen) and how much it does not
+    fit even what it trained on."""
+    import random
+
+    picked = sorted(random.Random(seed).sample(range(size), min(count, size)))
+    sample = []
+    for ids, mask in rows_of(picked):
+        answered, end = 0, len(ids)
+        for position, flag in enumerate(mask):
+            answered += int(flag)
+            if answered >= answer_tokens:
+                end = position + 1
+                break
+        sample.append((tuple(int(i) for i in ids[:end]), tuple(int(m) for m in mask[:end])))
+    return sample
+
+
+def answer_length(rows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> int:
+    """The most answer tokens of one of `rows` (0 without rows)."""
+    return max((sum(int(m) for m in mask) for _, mask in rows), default=0)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dflash_train.checkpoint import store as checkpoints
@@ -71,6 +72,7 @@ class HeldoutEvaluator:
         self._speculator: BatchSpeculator | None = None
         # The frozen target's plain greedy decodings, made at the first evaluation only.
         self._greedy: dict[tuple[int, ...], Generation] = {}
+        self._seen: list[tuple[tuple[int, ...], tuple[int, ...]]] | None = None
         self.enabled = self.every != 0 and run.rank.is_main
 
     def load(self) -> None:
@@ -221,6 +223,11 @@ class HeldoutEvaluator:
             target, drafter, self.heldout.rows, max_length, before_batch=self._unless_stopping
         )
         phases["teacher_forced"] = time.monotonic() - forced
+        forced = time.monotonic()
+        seen_acc, tau_seen = teacher_forced(
+            target, drafter, self._seen_rows(), max_length, before_batch=self._unless_stopping
+        )
+        phases["teacher_forced_seen"] = time.monotonic() - forced
         if summary is not None:
             fields = event_fields(summary, slot_acc, tau_tf, self.tokens)
             fields["greedy_decoded"] = fresh  # the first evaluation's; kept after
@@ -231,10 +238,30 @@ class HeldoutEvaluator:
             )
         else:
             fields = teacher_forced_fields(slot_acc, tau_tf, drafter.config.block_size)
+        if tau_seen is not None:
+            fields["tau_tf_seen"] = round(tau_seen, 4)
+            fields["slot_acc_seen"] = [round(a, 4) for a in seen_acc]
         fields["dtype"] = str(target.embed_tokens.weight.dtype).removeprefix("torch.")
         fields["device"] = str(target.device)
         fields["phases_s"] = {name: round(s, 3) for name, s in phases.items()}
         return fields
+
+    def _seen_rows(self) -> Sequence[tuple[Sequence[int], Sequence[int]]]:
+        """The training samples scored teacher-forced beside the held-out answers, picked
+        once: as many as those answers and cut to their length (when the held-out set has
+        none: as many as the prompts decoded, cut to the tokens decoded)."""
+        from dflash_train.data.heldout import answer_length, seen_sample
+
+        if self._seen is None:
+            assert self.heldout is not None
+            dataset = self.run.dataset
+            rows = self.heldout.rows
+            count, budget = (
+                (len(rows), answer_length(rows)) if rows else (self.prompts, self.tokens)
+            )
+            seed = int(self.run.config.get("seed"))
+            self._seen = seen_sample(dataset.rows, len(dataset), count, budget, seed)
+        return self._seen
 
     def _speculator_for(self, drafter: DFlashDrafter) -> BatchSpeculator:
         """The batched decoder of the held-out prompts (up to EVAL_ROWS a round), made at

@@ -146,7 +146,9 @@ def test_eval_events_at_the_configured_steps_and_in_wandb(eval_run: Path) -> Non
         assert event["tau"] >= 1.0 and event["tau_tf"] >= 1.0 and event["lossless"] is True
         assert len(event["slot_acc"]) == 3 and event["dtype"] == "float32"
         assert event["seconds"] > 0 and f"held-out tau {event['tau']:.3f}" in event["message"]
-        assert set(event["phases_s"]) == {"setup", "greedy", "speculative", "teacher_forced"}
+        assert set(event["phases_s"]) == {
+            "setup", "greedy", "speculative", "teacher_forced", "teacher_forced_seen",
+        }  # fmt: skip
         score = read_score(Path(event["checkpoint"]))
         assert score is not None and score["tau"] == event["tau"] and score["step"] == event["step"]
     # Plain greedy decoding of the frozen target is done once, at the first evaluation.
@@ -154,6 +156,8 @@ def test_eval_events_at_the_configured_steps_and_in_wandb(eval_run: Path) -> Non
     rows = {r["_step"]: r for r in history_rows(eval_run) if "eval/tau" in r}
     assert sorted(rows) == [3, 6]
     assert [rows[e["step"]]["eval/tau_tf"] for e in events] == [e["tau_tf"] for e in events]
+    seen = [rows[e["step"]]["eval/tau_tf_seen"] for e in events]
+    assert seen == [e["tau_tf_seen"] for e in events]
     # The run still exported and ended normally after its evaluations.
     lines = status_lines(eval_run)
     assert lines[-1].kind == "run_end" and lines[-1]["reason"] == "completed"
@@ -183,6 +187,38 @@ def test_a_separate_eval_of_the_checkpoint_gives_the_same_numbers_and_is_recorde
     manual = lines[-1]
     assert manual.get("code") == "eval" and manual["source"] == "manual"
     assert manual.run == RUN_ID and manual["step"] == 3 and manual["tau"] == event["tau"]
+
+
+def test_each_evaluation_also_scores_training_samples_it_trained_on(
+    eval_run: Path, heldout_data: Path, smollm2: Target
+) -> None:
+    """Beside the held-out answers, as many training samples, cut to the held-out answers'
+    length and teacher-forced the same way: seen against unseen."""
+    from dflash_train.checkpoint.export import load_any_drafter
+    from dflash_train.data.dataset import load_dataset_dir
+    from dflash_train.data.heldout import answer_length, load_heldout, seen_sample
+    from dflash_train.decode.heldout_figures import teacher_forced
+
+    event = [e for e in _evals(eval_run) if e["source"] == "run"][-1]  # step 6: kept
+    assert event["step"] == 6 and len(event["slot_acc_seen"]) == 3
+    assert event["tau_tf_seen"] >= 1.0
+    data, held = load_dataset_dir(heldout_data), load_heldout(str(heldout_data))
+    budget = answer_length(held.rows)
+    assert 0 < budget <= 48  # the held-out answers' length, not the decoded 16 tokens
+    rows = seen_sample(data.rows, len(data), len(held.rows), budget, 0)
+    samples = [
+        (tuple(int(i) for i in ids), int(sum(mask))) for ids, mask in data.rows(range(len(data)))
+    ]
+    assert len(rows) == 2 and rows[0] != rows[1]
+    for ids, mask in rows:  # one of the run's own samples, cut after `budget` answer tokens
+        answers = [n for whole, n in samples if whole[: len(ids)] == ids]
+        assert answers and sum(mask) == min(budget, answers[0])
+    # The run's figures are this rule's, recomputed from its checkpoint.
+    start = next(line for line in status_lines(eval_run) if line.kind == "run_start")
+    drafter = load_any_drafter(event["checkpoint"]).eval()
+    acc, tau = teacher_forced(smollm2, drafter, rows, start["config"]["max_length"])
+    assert [round(a, 4) for a in acc] == event["slot_acc_seen"]
+    assert tau is not None and round(tau, 4) == event["tau_tf_seen"]
 
 
 def test_status_lists_tau_per_checkpoint_and_export_best_names_the_best(eval_run: Path) -> None:
