@@ -8,6 +8,7 @@ placement predicted (devices shared or not); `--table` prints the same as a tabl
 from __future__ import annotations
 
 import argparse
+import shlex
 import shutil
 import sys
 import tempfile
@@ -108,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     if sum(sources) > 1:
         return _refuse("rates: give one of --measure, --from RUN_DIR or the two rates")
     if args.rest and not args.measure:
-        return _refuse(f"{args.rest[-1]}: train args after -- are for --measure only")
+        given = shlex.join(args.rest[1:] if args.rest[:1] == ["--"] else args.rest)
+        return _refuse(f"measure: train args after -- ({given}) are for --measure only")
     current = None
     measured = None
     if args.measure:

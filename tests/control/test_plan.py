@@ -126,7 +126,7 @@ def test_plan_says_when_the_rates_came_from_a_shared_gpu(tmp_path: Path) -> None
         (["--gpus", "8", "--measure", "--from", "/r"], "rates: give one of --measure, --from"),
         (
             ["--gpus", "8", "--target-ktok-s", "1", "--drafter-ktok-s", "1", "--", "--lr", "1"],
-            "1: train args after -- are for --measure only",
+            "measure: train args after -- (--lr 1) are for --measure only",
         ),
         (["--gpus", "8", "--measure"], "measure: give the recipe to time after --"),
         (
