@@ -28,6 +28,7 @@ from dflash_train.config.cli_options import resolve_train_args
 from dflash_train.config.environment import inherited_with
 from dflash_train.config.train_config import ConfigError
 from dflash_train.pipeline import split_plan
+from dflash_train.stream.follower import StreamFollower
 
 # What the calibration sets itself, so a recipe that names them is refused in one line.
 OWNED = ("--output-dir", "--resume-from", "--run-id")
@@ -127,11 +128,10 @@ def calibration_argv(
     ]  # fmt: skip
 
 
-def _usable_profiles(lines: Sequence[protocol.StatusLine]) -> int:
-    stages = [line["stages_ms"] for line in lines if line.kind == "profile"]
-    return sum(
-        1 for s in stages if s.get(split_plan.TARGET_STAGE) and s.get(split_plan.DRAFTER_STAGES[0])
-    )
+def _usable(line: protocol.StatusLine) -> bool:
+    """A profile line that times both stages (what rates_from_lines reads)."""
+    stages = line["stages_ms"] if line.kind == "profile" else {}
+    return bool(stages.get(split_plan.TARGET_STAGE) and stages.get(split_plan.DRAFTER_STAGES[0]))
 
 
 def _wait_for_profiles(
@@ -143,20 +143,24 @@ def _wait_for_profiles(
 ) -> int | None:
     """Until `profiles` usable profile lines follow the first, the trainer ends (its exit
     code) or the deadline passes (None either way but the second)."""
-    seen = 0
-    while True:
-        code = proc.poll()
-        lines = split_plan.read_stream(status) if status.is_file() else []
-        usable = _usable_profiles(lines)
-        if usable - 1 > seen:
-            seen = usable - 1
-            say(f"calibrating: {seen} of {profiles} profile lines")
-        if usable > profiles or code is not None:
-            return code
-        if time.monotonic() > deadline:
-            say("calibrating: its time limit passed, stopping")
-            return None
-        time.sleep(POLL_S)
+    follower = StreamFollower(status)  # reads only what is new at each look
+    usable = 0
+    try:
+        while True:
+            code = proc.poll()
+            lines = [protocol.decode_line(raw) for raw in follower.poll()]
+            more = sum(isinstance(line, protocol.StatusLine) and _usable(line) for line in lines)
+            usable += more
+            if more and usable > 1:  # the first (compile, warm-up) is left out
+                say(f"calibrating: {usable - 1} of {profiles} profile lines")
+            if usable > profiles or code is not None:
+                return code
+            if time.monotonic() > deadline:
+                say("calibrating: its time limit passed, stopping")
+                return None
+            time.sleep(POLL_S)
+    finally:
+        follower.close()
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
