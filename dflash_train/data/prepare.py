@@ -267,8 +267,8 @@ def _prepare(
         pending = [c for c in range(plan["chunks"]) if c not in done_before]
         jobs_done = sum(info["jobs"] for info in done_before.values())
         answers_total = sum(answers_to_make(work.read_chunk(c), config.responses) for c in pending)
-        progress = PrepareProgress(answers_total, plan["jobs"], jobs_done, writer)
         deadline = None if config.max_seconds is None else started + config.max_seconds
+        progress = PrepareProgress(answers_total, plan["jobs"], jobs_done, writer, deadline)
         if len(devices) == 1 and pending:
             get_target()  # the load is not generation time
         generate_started = time.monotonic()
