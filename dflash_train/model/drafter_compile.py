@@ -47,6 +47,20 @@ def set_compile_hook(hook: Callable[[float, str, tuple[int, ...]], None] | None)
     _CompileHook.on_compile = hook
 
 
+def _compile_options(backend: Backend) -> dict[str, Any] | None:
+    """Inductor's options for these graphs: its coalescing analysis off. That analysis
+    (choosing tilings for kernels that mix pointwise and reduction work) asserts on the
+    drafter's stretches in torch 2.11 (`tiling_utils.get_pw_red_splits`), so on the H200
+    every drafter layer fell back to eager; with it off they compile, and the step at
+    Qwen3-8B dims is 982 ms against 1109 eager (bench/results/target_stage_h200_2026-12-05).
+    Other backends take no options; a torch without the setting gets none."""
+    from torch._inductor import config
+
+    if backend != "inductor" or not hasattr(config.triton, "coalesce_tiling_analysis"):
+        return None
+    return {"triton.coalesce_tiling_analysis": False}
+
+
 class _Compiled:
     """A compiled method that tells the hook when one of its calls compiled a graph."""
 
@@ -55,7 +69,9 @@ class _Compiled:
         self.label = f"{PROFILER_RANGE}:{_LABELS[part]}"
         # fullgraph: a graph break would split the fusion silently; failing here, in the
         # warm-up, falls back to eager and says so.
-        self.compiled = torch.compile(method, dynamic=True, fullgraph=True, backend=backend)
+        self.compiled = torch.compile(
+            method, dynamic=True, fullgraph=True, backend=backend, options=_compile_options(backend)
+        )
 
     def __call__(self, first: torch.Tensor, *rest: Any) -> Any:
         from torch._dynamo.utils import counters

@@ -65,6 +65,25 @@ def test_inductor_gives_the_eager_values_and_gradients_in_fp32() -> None:
         torch.testing.assert_close(compiled[name], want, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_inductor_compiles_the_stretches_without_its_coalescing_analysis(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The analysis asserts on these graphs in torch 2.11 (every layer fell back to eager on
+    the H200): inductor gets it off, other backends get no options (they take none)."""
+    seen: list[tuple[object, object]] = []
+    real_compile = torch.compile
+
+    def spy(fn: object, **kwargs: object) -> object:
+        seen.append((kwargs["backend"], kwargs.get("options")))
+        return real_compile(fn, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(torch, "compile", spy)
+    compile_drafter(tiny_drafter(num_layers=1))
+    compile_drafter(tiny_drafter(num_layers=1), backend="eager")
+    off = {"triton.coalesce_tiling_analysis": False}
+    assert seen == [("inductor", off)] * 4 + [("eager", None)] * 4
+
+
 def test_compile_off_is_exactly_the_eager_path() -> None:
     drafter = tiny_drafter(num_layers=2)
     eager = _step(drafter, 3, 41)
