@@ -10,7 +10,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 import traceback
 import uuid
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Any
 from dflash_train.config.environment import run_id_override
 from dflash_train.config.prepare_config import PrepareConfig, PrepareError, PrepareStopped
 from dflash_train.rundir import LockHeld, RunDir, RunLock
+from dflash_train.stream.beat import Beat
 from dflash_train.stream.writer import StatusWriter
 
 MODE = "prepare"
@@ -58,23 +58,6 @@ def stoppable(body: Callable[[], dict[str, Any]], work_root: Path) -> dict[str, 
             signal.signal(signum, handler)
 
 
-def _beside(writer: StatusWriter, devices: tuple[str, ...], done: threading.Event) -> None:
-    """Every GPU_EVERY_S: the GPUs' load as `gpu` lines, and a heartbeat when nothing else
-    was written for that long (a CPU batch can take minutes between progress lines)."""
-    roles = {int(d.split(":")[1]): "prepare" for d in devices if d.startswith("cuda:")}
-    gpus = bool(roles)
-    while not done.wait(GPU_EVERY_S):
-        if gpus:
-            from dflash_train.gpu_telemetry import sample_gpus
-
-            sample = sample_gpus(roles, processes=False)
-            gpus = bool(sample["available"])
-            if gpus:
-                writer.write("gpu", available=True, gpus=sample["gpus"])
-        if time.monotonic() - writer.last_write >= GPU_EVERY_S:
-            writer.write("heartbeat")
-
-
 def run_under_control(
     config: PrepareConfig,
     devices: tuple[str, ...],
@@ -91,7 +74,10 @@ def run_under_control(
     writer = StatusWriter(run_dir.status, run_id)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    done = threading.Event()
+    # Every GPU_EVERY_S the GPUs' load, and a heartbeat when nothing else was written for
+    # that long (a CPU batch can take minutes between progress lines).
+    roles = {int(d.split(":")[1]): "prepare" for d in devices if d.startswith("cuda:")}
+    beat = Beat(writer, roles, GPU_EVERY_S, name="prepare-beat")
     try:
         writer.write(
             "run_start",
@@ -104,7 +90,7 @@ def run_under_control(
             pid=os.getpid(),
             host=socket.gethostname(),
         )
-        threading.Thread(target=_beside, args=(writer, devices, done), daemon=True).start()
+        beat.start()
         try:
             info = body(writer)
         except Stopped as exc:
@@ -135,7 +121,7 @@ def run_under_control(
             answer_tokens_per_s=info["answer_tokens_per_s"],
         )
     finally:
-        done.set()
+        beat.stop()
         writer.close()
     if config.then_train:
         _become_the_trainer(run_dir)

@@ -4,6 +4,7 @@ step loop (loop.py), checkpoint and shut down. process.py owns the process aroun
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -29,6 +30,7 @@ from dflash_train.pipeline.run_dir_watch import RunDirWatch
 from dflash_train.pipeline.sources import AsyncSource, BatchLoader, SyncSource
 from dflash_train.pipeline.stage_timers import StageTimers
 from dflash_train.rundir import RunDir
+from dflash_train.stream.beat import Beat
 from dflash_train.stream.eval_inbox import EvalInbox
 from dflash_train.stream.writer import StatusWriter
 from dflash_train.targets.linear_attention import fallback_warning
@@ -46,6 +48,11 @@ if TYPE_CHECKING:
     from dflash_train.model.mask_token import MaskChoice
     from dflash_train.pipeline.drafter_step import DrafterStepper
     from dflash_train.targets.frozen_target import Target
+
+# Lines while compiling before the first step: as often as the monitor's heartbeat, for at
+# most half an hour (replicas compile one after another; a warm-up longer than that has hung).
+WARM_UP_BEAT_S = 5.0
+WARM_UP_LIMIT_S = 1800.0
 
 
 class TrainingRun:
@@ -429,16 +436,24 @@ class TrainingRun:
             self.dataset.lengths, self.plan(self.progress.epoch), model.max_length,
             model.num_anchors, model.block_size,
         )  # fmt: skip
-        self.compile_report = compile_before_workers(
-            targets=self.targets,
-            layer_ids=self.feature_layer_ids,
-            stepper=self.stepper,
-            attention_backend=self.drafter.attention_backend,
-            shapes=shapes,
-            emit=emit,
-            compile_target=self.config.pipeline.compile_target,
-            compile_drafter_layers=model.compile_drafter,
-        )
+        # The monitor starts with the loop: until then a Beat keeps the stream alive, or a
+        # warm-up of minutes reads as a stall (stream/beat.py).
+        roles = gpu_roles(self.all_target_devices, self.all_drafter_devices)
+        with (
+            Beat(self.writer, roles, WARM_UP_BEAT_S, WARM_UP_LIMIT_S, "warm-up-beat")
+            if self.writer is not None
+            else contextlib.nullcontext()
+        ):
+            self.compile_report = compile_before_workers(
+                targets=self.targets,
+                layer_ids=self.feature_layer_ids,
+                stepper=self.stepper,
+                attention_backend=self.drafter.attention_backend,
+                shapes=shapes,
+                emit=emit,
+                compile_target=self.config.pipeline.compile_target,
+                compile_drafter_layers=model.compile_drafter,
+            )
         if self.rank.is_main:
             self.checkpointer()  # starts pinning the host copies in the background
 
