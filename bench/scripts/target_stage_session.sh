@@ -6,8 +6,9 @@
 #   carry     the SmolLM2 GGUF part this call carried joins the earlier calls' in /tmp/gguf
 #             (a call carries 64 MiB with the tree: three parts over three warm calls)
 #   fidelity  reassemble the GGUF, convert it, bench/fp8_fidelity.py (bf16 vs fp8 SmolLM2)
-#   launch    a real `dflash-train launch --target-dtype fp8` (random:qwen3-8b) for a few
-#             hundred steps
+#   launch    a real `dflash-train launch --target-dtype fp8` (random:qwen3-8b), 300 steps
+#             watched to the end (LAUNCH_LIMIT 450 s: a ~3-minute warm-up, then ~2 steps/s;
+#             call timeout 540)
 #   plan      bench/plan_check.py (goal 4): `plan --measure` calibrates random:qwen3-8b on the
 #             GPU, then the async pipeline with two target replicas and the drafter sharing it
 #             runs PLAN_PIPELINE_S; the prediction against the measured rate (~5 min; carry
@@ -113,14 +114,18 @@ stage_launch() {
     --num-anchors 512 --tokens-per-batch 8192 --num-buckets 4 --max-length 2048 --target-gpus 0 \
     --drafter-gpus 0 --max-steps "${LAUNCH_STEPS:-300}" --save-every 100 --log-every 5 \
     | tee "$OUT/launch_fp8.reply.json"
+  # Until the run ends or LAUNCH_LIMIT passes: the warm-up alone took 181 s on 2026-12-05
+  # (target layers 108 s, drafter attention 39 s), then ~2 steps/s. A stalled state is
+  # watched on too (session 21 stopped watching one at 136 s that was compiling).
   local start=$SECONDS state=running
-  while [ $((SECONDS - start)) -lt "${LAUNCH_LIMIT:-240}" ]; do
+  while [ $((SECONDS - start)) -lt "${LAUNCH_LIMIT:-450}" ]; do
     state=$(python3 -m dflash_train status "$run" | python3 -c "import json,sys;print(json.load(sys.stdin).get('state'))")
-    [ "$state" = running ] || break
-    sleep 5
+    case "$state" in running | stalled) sleep 5 ;; *) break ;; esac
   done
   say "run state $state"
-  [ "$state" = running ] && python3 -m dflash_train stop "$run" | tee "$OUT/launch_fp8.stop.json"
+  case "$state" in
+    running | stalled) python3 -m dflash_train stop "$run" | tee "$OUT/launch_fp8.stop.json" ;;
+  esac
   cp "$run/status.jsonl" "$OUT/launch_fp8.status.jsonl"
   tail -n 80 "$run/train.log" > "$OUT/launch_fp8.train_log_tail.txt"
 }
