@@ -16,9 +16,10 @@
 #             PLAN_TARGET=smollm2 PLAN_RECIPE="<a tiny recipe>"
 #   profile   bench/profile_drafter.py, flex: where one drafter step's time goes at Qwen3-8B
 #             8x2048 and Qwen3.6-27B 4x2048 (goal 3), the drafter layers compiled and eager,
-#             and at 27B dims flex autotuned (PROFILE_RUNS; ~6 min, 6 files: the summaries and
-#             profile.log). Needs no carry. PROFILE_ARGS adds arguments: on a CPU,
-#             "--device cpu --smoke --attention sdpa" runs the stage at tiny dims
+#             and at both dims flex autotuned (PROFILE_RUNS, the 8B one last: compiled, 8B dims
+#             were 18 ms short of goal 3; ~7 min, 7 files: the summaries and profile.log).
+#             Needs no carry. PROFILE_ARGS adds arguments: on a CPU, "--device cpu --smoke
+#             --attention sdpa" runs the stage at tiny dims
 # Usage (repo root): OUT=/tmp/out bash bench/scripts/target_stage_session.sh carry stage
 # Carry (ignored by git): .whl/ (flash-linear-attention==0.6.0 fla-core==0.6.0 torchao==0.17.0
 # gguf==0.19.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 platformdirs), and one of
@@ -154,7 +155,7 @@ stage_plan() {
 # MB each, and a call returns at most 8 files); the summaries and one log come back.
 PROFILE_RUNS="${PROFILE_RUNS:-qwen3-8b:compiled qwen3-8b:eager:--drafter-layers=eager \
 qwen3.6-27b:compiled qwen3.6-27b:eager:--drafter-layers=eager \
-qwen3.6-27b:autotune:--flex-autotune}"
+qwen3.6-27b:autotune:--flex-autotune qwen3-8b:autotune:--flex-autotune}"
 stage_profile() {
   local run dims tag args left
   mkdir -p /tmp/profiles
