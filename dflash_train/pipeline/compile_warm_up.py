@@ -234,6 +234,23 @@ def _warm_up_drafter(
     return _warm_up_flex(stepper, shapes, dtype, emit)
 
 
+def _announce(emit: Emit, targets: int, drafter_layers: bool, flex: bool, shapes: int) -> None:
+    """Say what is about to compile: minutes without a step (an fp8 Qwen3-8B target's layers
+    took 108 s on the H200) read as a hang unless the operator sees why."""
+    parts = (
+        [f"the layers of {targets} target replica{'s' if targets != 1 else ''}"] if targets else []
+    )
+    drafter = (["layers"] if drafter_layers else []) + (["attention"] if flex else [])
+    if drafter:
+        parts.append(f"the drafter's {' and '.join(drafter)} for {shapes} batch shapes")
+    if parts:
+        emit(
+            "event", level="info", code="compiling",
+            message=f"compiling before the first step: {', '.join(parts)}",
+            target_replicas=targets, drafter_layers=drafter_layers, drafter_attention=flex,
+        )  # fmt: skip
+
+
 def compile_before_workers(
     *,
     targets: Sequence[Target],
@@ -248,9 +265,14 @@ def compile_before_workers(
     """Compile and warm everything that compiles; emit one `compiled` event (and a warning
     per fallback). Later first-time shapes report their compile through `emit` too."""
     report: dict[str, Any] = {"target_s": None, "drafter_s": None, "shapes": list(shapes)}
+    device = stepper.device
+    flex = compiles_flex(device) and resolve_backend(attention_backend, device) == "flex"
+    drafter_layers = drafter_compile_wanted(device, compile_drafter_layers) and bool(shapes)
+    wanted = [i for i, t in enumerate(targets) if target_compile_wanted(t, compile_target)]
+    _announce(emit, len(wanted), drafter_layers, flex and bool(shapes), len(shapes))
     seconds = 0.0
     for index, target in enumerate(targets):
-        if not target_compile_wanted(target, compile_target):
+        if index not in wanted:
             continue
         layers = compile_target_layers(target, layer_ids)
         try:
@@ -265,9 +287,6 @@ def compile_before_workers(
         seconds += spent
         report["target_s"] = round(seconds, 2)
         report["target_layers_compiled"] = layers
-    device = stepper.device
-    flex = compiles_flex(device) and resolve_backend(attention_backend, device) == "flex"
-    drafter_layers = drafter_compile_wanted(device, compile_drafter_layers) and bool(shapes)
     if drafter_layers:
         report["drafter_parts_compiled"] = compile_drafter(stepper.drafter)
     if (flex or drafter_layers) and shapes:

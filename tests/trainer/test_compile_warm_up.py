@@ -119,15 +119,17 @@ def test_drafter_warm_up_falls_back_to_static_graphs_and_reports_later_compiles(
         emit=lambda kind, **fields: events.append({"kind": kind, **fields}),
     )  # fmt: skip
     # The second shape's graph is the dynamic one: it fails, the static retry warms two.
-    assert [e["code"] for e in events] == ["compile_failed", "compiled"]
-    assert "dynamic shapes (BackendCompilerFailed); compiling per shape" in events[0]["message"]
+    assert [e["code"] for e in events] == ["compiling", "compile_failed", "compiled"]
+    # A CPU target compiles no layers (CUDA targets only): the drafter's attention alone.
+    assert events[0]["message"].endswith(": the drafter's attention for 3 batch shapes")
+    assert "dynamic shapes (BackendCompilerFailed); compiling per shape" in events[1]["message"]
     assert report["shapes"] == [(2, 70), (4, 40)]
-    assert events[1]["drafter_shapes"] == [[2, 70], [4, 40]]
-    assert events[1]["drafter_dynamic"] is False and events[1]["drafter_graphs"] >= 2
+    assert events[2]["drafter_shapes"] == [[2, 70], [4, 40]]
+    assert events[2]["drafter_dynamic"] is False and events[2]["drafter_graphs"] >= 2
     assert drafter.attention_backend == "flex"
     stepper.warm_up([(3, 300)], torch.float32)  # a new shape compiles, and says so
-    assert events[2]["code"] == "compiled" and events[2]["part"] == "drafter_attention"
-    assert events[2]["shape"] == [3, 4, 512, 8]
+    assert events[3]["code"] == "compiled" and events[3]["part"] == "drafter_attention"
+    assert events[3]["shape"] == [3, 4, 512, 8]
     torch.compiler.reset()
 
 
@@ -143,3 +145,19 @@ def test_kernels_in_use_on_the_cpu() -> None:
         "target_layer_paths": {"full_attention": {"attention": "sdpa"}},
         "target_layer_compile": None,
     }
+
+
+def test_the_compile_announcement_names_what_will_compile() -> None:
+    from dflash_train.pipeline.compile_warm_up import _announce
+
+    events: list[dict[str, Any]] = []
+    emit = lambda kind, **fields: events.append({"kind": kind, **fields})  # noqa: E731
+    _announce(emit, 7, True, True, 3)
+    _announce(emit, 1, False, False, 0)
+    _announce(emit, 0, False, False, 2)  # nothing compiles (a CPU run): nothing said
+    assert [e["message"] for e in events] == [
+        "compiling before the first step: the layers of 7 target replicas, the drafter's "
+        "layers and attention for 3 batch shapes",
+        "compiling before the first step: the layers of 1 target replica",
+    ]
+    assert events[0]["level"] == "info" and events[0]["target_replicas"] == 7

@@ -144,13 +144,17 @@ def test_warm_up_compiles_the_layers_for_every_later_shape(
     events: list[dict[str, Any]] = []
     report = _warm(stepper, [(2, 70), (1, 40)], events)
     assert report["drafter_layers_compiled"] and report["drafter_graphs"] == 6
-    assert [e["code"] for e in events] == ["compiled"]
-    assert events[0]["drafter_layers_compiled"] is True
-    assert "drafter layers " in events[0]["message"]
+    # Said before the minutes it can take, and what it did after.
+    assert [e["code"] for e in events] == ["compiling", "compiled"]
+    assert events[0]["message"] == (
+        "compiling before the first step: the drafter's layers for 2 batch shapes"
+    )
+    assert events[1]["drafter_layers_compiled"] is True
+    assert "drafter layers " in events[1]["message"]
     graphs = counters["stats"]["unique_graphs"]
     stepper.warm_up([(3, 50), (1, 90), (5, 33)], torch.float32)
     assert counters["stats"]["unique_graphs"] == graphs
-    assert len(events) == 1  # no mid-run compile to report
+    assert len(events) == 2  # no mid-run compile to report
 
 
 def _refuse(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
@@ -163,8 +167,8 @@ def test_a_failed_layer_compile_runs_the_layers_eagerly(monkeypatch: pytest.Monk
     stepper = tiny_stepper(drafter, num_anchors=8)
     events: list[dict[str, Any]] = []
     report = _warm(stepper, [(2, 70)], events)
-    assert [e["code"] for e in events] == ["compile_failed"]
-    assert "running them eagerly" in events[0]["message"]
+    assert [e["code"] for e in events] == ["compiling", "compile_failed"]
+    assert "running them eagerly" in events[1]["message"]
     assert not drafter_compiled(drafter) and report["drafter_s"] is None
     assert all(p.grad is None for p in drafter.parameters())  # the failed warm-up's dropped
     stepper.warm_up([(2, 40)], torch.float32)  # and steps still run
