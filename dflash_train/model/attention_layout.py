@@ -30,6 +30,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from dflash_train.model.dynamo_limits import allow_recompiles
+
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "flex", "sdpa")
@@ -37,10 +39,6 @@ TILE = 128  # flex_attention's sparse block size
 # Context and query lengths are padded to multiples of this on the flex path: fewer shapes
 # to compile, and block-diagonal tiles that line up with the 128-tiles.
 PAD_TO = 256
-# Dynamo's default limit (8) would silently drop to eager flex (a dense math path) after
-# the eighth graph; with dynamic shapes a run needs about three, but a shape dynamo still
-# specialises on must not cost that.
-RECOMPILE_LIMIT = 256
 # Padded lengths are multiples of PAD_TO (and of every Triton tile size flex uses), which
 # inductor can only prove for static lengths: said here, the kernels of the dynamic graph
 # skip the bounds checks, as the static ones do.
@@ -235,18 +233,9 @@ def _pad_keys(t: torch.Tensor, layout: AttentionLayout) -> torch.Tensor:
 def _compiled_flex(backend: Any) -> Any:
     with _FlexState.lock:
         if backend not in _FlexState.compiled:
-            import torch._dynamo
             from torch.nn.attention.flex_attention import flex_attention
 
-            dynamo = torch._dynamo.config
-            for name in ("recompile_limit", "cache_size_limit"):
-                if hasattr(dynamo, name) and getattr(dynamo, name) < RECOMPILE_LIMIT:
-                    setattr(dynamo, name, RECOMPILE_LIMIT)
-            if (
-                getattr(dynamo, "accumulated_cache_size_limit", RECOMPILE_LIMIT)
-                < 4 * RECOMPILE_LIMIT
-            ):
-                dynamo.accumulated_cache_size_limit = 4 * RECOMPILE_LIMIT
+            allow_recompiles()
             # dynamic=None: automatic dynamic shapes (see the module docstring). Marking the
             # dims dynamic up front cannot work: the BlockMask's lengths are Python ints,
             # which dynamo makes symbolic only once it has seen them change.

@@ -131,9 +131,12 @@ def compile_target_layers(
     target is untouched. Returns the layers compiled."""
     import torch
 
+    from dflash_train.model.dynamo_limits import allow_recompiles
     from dflash_train.targets.linear_attention import make_kernels_opaque
 
     make_kernels_opaque(target.model)
+    # Each replica on its own GPU takes graphs of its own (dynamo_limits.py says why).
+    allow_recompiles()
     count = 0
     for layer in target.layers[: max(layer_ids) + 1]:
         if "forward" not in vars(layer):
