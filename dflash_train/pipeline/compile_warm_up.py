@@ -286,6 +286,8 @@ def compile_before_workers(
             continue
         seconds += spent
         report["target_s"] = round(seconds, 2)
+        # Each replica's own: whether later replicas (other GPUs) reuse the first's kernels.
+        report.setdefault("target_s_each", []).append(round(spent, 2))
         report["target_layers_compiled"] = layers
     if drafter_layers:
         report["drafter_parts_compiled"] = compile_drafter(stepper.drafter)
@@ -327,7 +329,9 @@ def compile_before_workers(
     if report["target_s"] is not None or report["drafter_s"] is not None:
         parts = []
         if report["target_s"] is not None:
-            parts.append(f"target layers {report['target_s']:.1f} s")
+            each = report["target_s_each"]
+            per = f" ({', '.join(f'{t:.1f}' for t in each)} s a replica)" if len(each) > 1 else ""
+            parts.append(f"target layers {report['target_s']:.1f} s{per}")
         if report["drafter_s"] is not None:
             compiled = ["layers"] if report["drafter_layers_compiled"] else []
             what = " and ".join(compiled + (["attention"] if flex else []))
@@ -340,7 +344,8 @@ def compile_before_workers(
             "event", level="info", code="compiled",
             message="compiled on the main thread before the workers: " + ", ".join(parts),
             seconds=round((report["target_s"] or 0) + (report["drafter_s"] or 0), 2),
-            target_s=report["target_s"], drafter_s=report["drafter_s"],
+            target_s=report["target_s"], target_s_each=report.get("target_s_each"),
+            drafter_s=report["drafter_s"],
             drafter_shapes=[list(shape) for shape in shapes],
             drafter_graphs=report.get("drafter_graphs"),
             drafter_dynamic=_FlexState.dynamic is None if report["drafter_s"] is not None else None,

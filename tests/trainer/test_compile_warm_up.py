@@ -161,3 +161,35 @@ def test_the_compile_announcement_names_what_will_compile() -> None:
         "compiling before the first step: the layers of 1 target replica",
     ]
     assert events[0]["level"] == "info" and events[0]["target_replicas"] == 7
+
+
+def test_the_compiled_event_gives_each_target_replica_s_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As on a CUDA box (the CPU's targets stay eager in the trainer): two replicas, each
+    replica's warm-up seconds in the event, so a box's later replicas show whether they
+    reused the first one's kernels."""
+    import functools
+
+    from dflash_train.pipeline import compile_warm_up
+
+    monkeypatch.setattr(compile_warm_up, "target_compile_wanted", lambda _t, wanted: wanted)
+    compile_eager = functools.partial(compile_target_layers, backend="eager")
+    monkeypatch.setattr(compile_warm_up, "compile_target_layers", compile_eager)
+    torch.compiler.reset()
+    targets = [_fresh_tiny_target(), _fresh_tiny_target()]
+    events: list[dict[str, Any]] = []
+    report = compile_before_workers(
+        targets=targets, layer_ids=[1, 3], stepper=tiny_stepper(tiny_drafter(), num_anchors=8),
+        attention_backend="sdpa", shapes=[],
+        emit=lambda kind, **fields: events.append({"kind": kind, **fields}),
+    )  # fmt: skip
+    assert [e["code"] for e in events] == ["compiling", "compiled"]
+    assert events[0]["message"].endswith(": the layers of 2 target replicas")
+    each = events[1]["target_s_each"]
+    assert len(each) == 2 and all(s > 0 for s in each) and report["target_s_each"] == each
+    assert events[1]["target_s"] == pytest.approx(sum(each), abs=0.02)
+    assert f"({each[0]:.1f}, {each[1]:.1f} s a replica)" in events[1]["message"]
+    for target in targets:
+        uncompile_target_layers(target)
+    torch.compiler.reset()
