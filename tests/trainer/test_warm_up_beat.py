@@ -1,59 +1,56 @@
 """The stream stays alive while the trainer compiles before its first step. The monitor
 thread starts with the training loop; on the H200 a warm-up of 135 s wrote nothing after
-run_start and `status` called the launch stalled. The trainer runs for real here, in this
-process, with its warm-up held until the stream has beaten."""
+run_start and `status` called the launch stalled. The real trainer runs here in its own
+process, its warm-up held (as a GPU's compile holds it) until the stream has beaten."""
 
 from __future__ import annotations
 
-import argparse
-import threading
-import time
+import sys
 from pathlib import Path
-from typing import Any
 
-import pytest
-from train_process import TINY, status_lines
+from train_process import run_train, status_lines, train_argv
 
-from dflash_train.config import load_config
-from dflash_train.config.cli_options import add_option_arguments, given_options
 from dflash_train.stream.beat import Beat
 from dflash_train.stream.writer import StatusWriter
+
+# `dflash-train train` with its warm-up held until a heartbeat is in the stream (60 s at
+# most), and the beat every 0.2 s instead of 5 s.
+HELD_WARM_UP = """
+import sys, time
+from pathlib import Path
+from dflash_train.cli import main
 from dflash_train.training import run as run_module
-from dflash_train.training.process import train
 
+stream = Path(sys.argv[1]) / "status.jsonl"
+real_compile = run_module.compile_before_workers
 
-def _beat_after_run_start(run_dir: Path) -> bool:
-    kinds = [line.kind for line in status_lines(run_dir)]
-    return "run_start" in kinds and "heartbeat" in kinds[kinds.index("run_start") :]
+def held_compile(**kwargs):
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if stream.exists() and b'"kind":"heartbeat"' in stream.read_bytes():
+            print("warm-up: the stream beat", file=sys.stderr)
+            break
+        time.sleep(0.05)
+    return real_compile(**kwargs)
+
+run_module.compile_before_workers = held_compile
+run_module.WARM_UP_BEAT_S = 0.2
+sys.exit(main(sys.argv[2:]))
+"""
 
 
 def test_the_stream_beats_while_the_trainer_compiles_before_its_first_step(
-    tmp_path: Path, prepared_data_dir: Path, smollm2_spec: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, prepared_data_dir: Path, smollm2_spec: str
 ) -> None:
     run_dir = tmp_path / "run"
-    real_compile = run_module.compile_before_workers
-    held: dict[str, bool] = {}
-
-    def slow_compile(**kwargs: Any) -> dict[str, Any]:
-        # A compile of minutes, as on the GPU: it ends once the stream has beaten.
-        deadline = time.monotonic() + 60
-        while not _beat_after_run_start(run_dir) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        held["beat"] = _beat_after_run_start(run_dir)
-        return real_compile(**kwargs)
-
-    monkeypatch.setattr(run_module, "compile_before_workers", slow_compile)
-    monkeypatch.setattr(run_module, "WARM_UP_BEAT_S", 0.2)
-    parser = argparse.ArgumentParser()
-    add_option_arguments(parser)
-    argv = ["--target-model", smollm2_spec, "--data-dir", str(prepared_data_dir)]
-    argv += ["--output-dir", str(run_dir), *TINY, "--max-steps", "2", "--save-every", "0"]
-    config = load_config(given_options(parser.parse_args(argv))).config
-    assert train(config) == 0
-    assert held["beat"], "no heartbeat while the warm-up ran"
+    argv = train_argv(smollm2_spec, prepared_data_dir, run_dir, "--max-steps", "2")
+    argv = [sys.executable, "-c", HELD_WARM_UP, str(run_dir), *argv[3:]]  # after "-m dflash_train"
+    done = run_train(argv)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "warm-up: the stream beat" in done.stderr
     kinds = [line.kind for line in status_lines(run_dir)]
-    assert kinds.index("heartbeat") < kinds.index("step") < kinds.index("run_end")
-    assert not any(t.name == "warm-up-beat" for t in threading.enumerate())
+    assert kinds.index("run_start") < kinds.index("heartbeat") < kinds.index("step")
+    assert kinds[-1] == "run_end"
 
 
 def test_a_beat_falls_silent_after_its_limit(tmp_path: Path) -> None:
