@@ -54,9 +54,11 @@ def _compile_options(backend: Backend) -> dict[str, Any] | None:
     every drafter layer fell back to eager; with it off they compile, and the step at
     Qwen3-8B dims is 982 ms against 1109 eager (bench/results/target_stage_h200_2026-12-05).
     Other backends take no options; a torch without the setting gets none."""
+    if backend != "inductor":
+        return None
     from torch._inductor import config
 
-    if backend != "inductor" or not hasattr(config.triton, "coalesce_tiling_analysis"):
+    if not hasattr(config.triton, "coalesce_tiling_analysis"):
         return None
     return {"triton.coalesce_tiling_analysis": False}
 
