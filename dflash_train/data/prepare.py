@@ -228,6 +228,25 @@ def prepare_dataset(config: PrepareConfig, *, target: Target | None = None) -> d
     )
 
 
+def _warn_idle_devices(
+    devices: tuple[str, ...], chunks: int, prompts: int, writer: StatusWriter | None
+) -> None:
+    """A chunk is one worker's unit of work, and its size decides the samples (a resume
+    keeps it), so fewer chunks than devices leave devices with nothing to do: say so, on
+    stderr and in the stream, rather than let a box run on part of its GPUs unnoticed."""
+    if len(devices) < 2 or chunks >= len(devices):
+        return
+    idle = len(devices) - chunks
+    message = (
+        f"devices: {chunks} chunk{'s' if chunks != 1 else ''} of work for {len(devices)} "
+        f"devices, so {idle} will have nothing to do; a smaller --chunk-size spreads the "
+        f"{prompts} prompts left over more of them"
+    )
+    log.warning("%s", message)
+    if writer is not None:
+        writer.write("event", level="warning", code="idle_devices", message=message)
+
+
 def _prepare(
     config: PrepareConfig,
     devices: tuple[str, ...],
@@ -268,6 +287,7 @@ def _prepare(
         jobs_done = sum(info["jobs"] for info in done_before.values())
         answers_total = sum(answers_to_make(work.read_chunk(c), config.responses) for c in pending)
         deadline = None if config.max_seconds is None else started + config.max_seconds
+        _warn_idle_devices(devices, len(pending), plan["jobs"] - jobs_done, writer)
         progress = PrepareProgress(answers_total, plan["jobs"], jobs_done, writer, deadline)
         if len(devices) == 1 and pending:
             get_target()  # the load is not generation time
