@@ -437,8 +437,9 @@ class TrainingRun:
             model.num_anchors, model.block_size,
         )  # fmt: skip
         # The monitor starts with the loop: until then a Beat keeps the stream alive, or a
-        # warm-up of minutes reads as a stall (stream/beat.py).
-        roles = gpu_roles(self.all_target_devices, self.all_drafter_devices)
+        # warm-up of minutes reads as a stall (stream/beat.py). It reports the monitor's GPUs.
+        assert self.monitor is not None
+        roles = self.monitor.gpu_roles
         with (
             Beat(self.writer, roles, WARM_UP_BEAT_S, WARM_UP_LIMIT_S, "warm-up-beat")
             if self.writer is not None
