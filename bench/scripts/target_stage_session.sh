@@ -3,6 +3,9 @@
 #   stage     bench/target_stage.py: hybrid fallback / fla / fast / compiled / fp8, qwen3-8b
 #             bf16 vs fp8 (~8 min)
 #   dense, hybrid  the same bench split in two processes, each with its own time limit
+#             (HYBRID_PARTS, HYBRID_DEADLINE, HYBRID_TIMEOUT: goal 1 in one process is
+#             HYBRID_PARTS=hybrid_eager,hybrid_compiled,hybrid_fp8 HYBRID_DEADLINE=480
+#             HYBRID_TIMEOUT=540, carry .whl only: random presets need no tokenizer)
 #   carry     the SmolLM2 GGUF part this call carried joins the earlier calls' in /tmp/gguf
 #             (a call carries 64 MiB with the tree: three parts over three warm calls)
 #   fidelity  reassemble the GGUF, convert it, bench/fp8_fidelity.py (bf16 vs fp8 SmolLM2)
@@ -59,7 +62,7 @@ stage_dense() {
 stage_hybrid() {
   say "target stage, hybrid compiled (bf16, fp8)"
   timeout "${HYBRID_TIMEOUT:-200}" python3 bench/target_stage.py \
-    --parts "${HYBRID_PARTS:-hybrid_compiled,hybrid_fp8}" --calls 3 --deadline 190 \
+    --parts "${HYBRID_PARTS:-hybrid_compiled,hybrid_fp8}" --calls 3 --deadline "${HYBRID_DEADLINE:-190}" \
     --out "$OUT/target_stage_hybrid_h200.json" 2>&1 \
     | tee "$OUT/target_stage_hybrid_h200.log" | grep -v Warning | tail -8
 }
