@@ -82,7 +82,7 @@ make_tui() {
 }
 make_stage() {
   wheels .whl flash-linear-attention==0.6.0 fla-core==0.6.0 torchao==0.17.0 gguf==0.19.0 \
-    datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 platformdirs
+    datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 platformdirs liger-kernel==0.8.5
   split_gguf .weights28/p 34000000
 }
 make_quality() {

