@@ -5,7 +5,7 @@ compiled kernel at 42 ms a step (2.3 ms a chunk), several times what its memory 
 needs. Times the trainer's kernel (`dflash_loss._ce_and_grad`, compiled as the trainer
 compiles it) against the same function compiled with inductor's tuning options, and
 against Liger-Kernel's cross-entropy kernel launched on the chunk in place (no host syncs,
-float32 CE), each checked against the eager kernel.
+float32 CE: `dflash_train/model/liger_ce.py`), each checked against the eager kernel.
 
 One GPU: `python bench/ce_chunk.py --out ce_chunk.json`. A CPU (`--device cpu --rows 64
 --vocab 4096`) runs the eager and compiled variants only, to check the script."""
@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from dflash_train.model import liger_ce
 from dflash_train.model.dflash_loss import _ce_and_grad, _distill_ce_and_grad
 
 Kernel = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -34,40 +35,6 @@ def log(message: str) -> None:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def liger_kernel() -> Kernel | None:
-    """Liger's row kernel on the logits in place: CE (float32 here), argmax correctness and
-    softmax - onehot; the row weights scale afterwards (in the trainer they would scale the
-    [rows, hidden] products instead)."""
-    try:
-        import triton
-        from liger_kernel.ops.cross_entropy import MAX_FUSED_SIZE, liger_cross_entropy_kernel
-    except ImportError as exc:
-        log(f"liger: not importable ({exc})")
-        return None
-
-    def run(
-        logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        rows, vocab = logits.shape
-        ce = torch.empty(rows, dtype=torch.float32, device=logits.device)
-        correct = torch.empty(rows, dtype=torch.float32, device=logits.device)
-        liger_cross_entropy_kernel[(rows,)](
-            X_ptr=logits, X_stride=logits.stride(0), Y_ptr=labels, Y_stride=1,
-            weight_ptr=logits, loss_ptr=ce, z_loss_ptr=ce, loss_stride=1,
-            token_accuracy_ptr=correct, token_accuracy_stride=1,
-            predicted_tokens_ptr=labels, predicted_tokens_stride=0,
-            n_cols=vocab, n_non_ignore=1, sum_non_ignore_weight=1, weight_sum=0.0,
-            ignore_index=-100, lse_square_scale=0.0, label_smoothing=0.0, reduction="sum",
-            softcap=None, RETURN_Z_LOSS=False, RETURN_TOKEN_ACCURACY=True,
-            RETURN_PREDICTED_TOKENS=False,
-            BLOCK_SIZE=min(MAX_FUSED_SIZE, triton.next_power_of_2(vocab)),
-            HAS_WEIGHT=False, HAS_SOFTCAPPING=False, HAS_GRADIENTS=True, num_warps=32,
-        )  # fmt: skip
-        return ce, correct, logits
-
-    return run
 
 
 def variants(device: torch.device, distill: bool) -> dict[str, Kernel]:
@@ -85,10 +52,10 @@ def variants(device: torch.device, distill: bool) -> dict[str, Kernel]:
         out["compiled_max_autotune"] = torch.compile(
             eager, dynamic=True, fullgraph=True, mode="max-autotune-no-cudagraphs"
         )
-        if not distill:
-            liger = liger_kernel()
-            if liger is not None:
-                out["liger_in_place"] = liger
+        if not distill and liger_ce.available():
+            out["liger_in_place"] = liger_ce.ce_and_grad_in_place
+        elif not distill:
+            log("liger: liger-kernel or triton is not importable")
     return out
 
 

@@ -23,6 +23,7 @@ import torch
 from speed_drafter import PEAK, DrafterRig, _sync, drafter_config, log, time_drafter
 
 from dflash_train.model.attention_layout import flex_compile_mode, set_flex_autotune
+from dflash_train.model.dflash_loss import CE_KERNELS, set_ce_kernel
 from dflash_train.model.drafter_compile import PROFILER_RANGE
 
 # speed_suite's shapes: (batch, seq, anchors, block, layers).
@@ -78,6 +79,7 @@ class ProfileRequest:
     out: Path
     compile_layers: bool = True
     flex_autotune: bool = False
+    ce_kernel: str = "inductor"
     tag: str = ""  # names the outputs: profile_<dims>[_<tag>].json, trace_<dims>[_<tag>].json
 
 
@@ -292,6 +294,7 @@ def _name(req: ProfileRequest) -> str:
 
 def profile_drafter(req: ProfileRequest) -> dict[str, Any]:
     set_flex_autotune(req.flex_autotune)
+    set_ce_kernel(req.ce_kernel)
     if req.device.type == "cuda":
         torch.cuda.set_device(req.device)
         torch.backends.cuda.matmul.allow_tf32 = True  # as speed_suite runs it
@@ -333,6 +336,7 @@ def profile_drafter(req: ProfileRequest) -> dict[str, Any]:
             "attention": req.attention,
             "drafter_layers": timing["drafter_layers"],
             "flex_mode": flex_compile_mode() if req.attention == "flex" else None,
+            "ce_kernel": req.ce_kernel,
         },
         "steps_profiled": len(step_walls),
         "measure": "CUDA kernels" if on_device else "CPU op self time (no device)",
@@ -398,6 +402,10 @@ def parse_args(argv: list[str] | None = None) -> ProfileRequest:
         "--flex-autotune", action="store_true",
         help="compile flex with inductor's max-autotune-no-cudagraphs (times its tile configs)",
     )  # fmt: skip
+    p.add_argument(
+        "--ce-kernel", choices=CE_KERNELS, default="inductor",
+        help="the fused cross-entropy's chunk kernel (liger: Liger-Kernel's, where installed)",
+    )  # fmt: skip
     p.add_argument("--tag", default="", help="suffix of the output names, e.g. eager")
     a = p.parse_args(argv)
     dims = "tiny" if a.smoke else a.dims
@@ -411,7 +419,7 @@ def parse_args(argv: list[str] | None = None) -> ProfileRequest:
         block=a.block or block, layers=a.layers or layers, attention=attention,
         warmup=1 if a.smoke else a.warmup, steps=a.steps, out=a.out,
         compile_layers=a.drafter_layers == "compiled", flex_autotune=a.flex_autotune,
-        tag=a.tag,
+        ce_kernel=a.ce_kernel, tag=a.tag,
     )  # fmt: skip
 
 

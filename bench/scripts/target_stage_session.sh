@@ -167,7 +167,8 @@ stage_plan() {
 # MB each, and a call returns at most 8 files); the summaries and one log come back.
 PROFILE_RUNS="${PROFILE_RUNS:-qwen3-8b:compiled qwen3-8b:eager:--drafter-layers=eager \
 qwen3.6-27b:compiled qwen3.6-27b:eager:--drafter-layers=eager \
-qwen3.6-27b:autotune:--flex-autotune qwen3-8b:autotune:--flex-autotune}"
+qwen3.6-27b:autotune:--flex-autotune qwen3-8b:autotune:--flex-autotune \
+qwen3-8b:liger:--ce-kernel=liger}"
 stage_profile() {
   local run dims tag args left
   mkdir -p /tmp/profiles

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dflash_train.model import liger_ce
 from dflash_train.model.compile_guard import GUARD
 from dflash_train.model.drafter import DFlashDrafter
 
@@ -151,6 +152,22 @@ def _distill_ce_and_grad(
 # Eager CE kernel -> its compiled version (or itself, once compiling failed).
 _COMPILED: dict[Any, Any] = {}
 
+CE_KERNELS = ("inductor", "liger")
+# Which kernel makes a chunk's CE and gradient on a GPU without a teacher: "inductor" (the
+# compiled _ce_and_grad) or "liger" (liger_ce, where it is available; else inductor).
+_ce_kernel = "inductor"
+
+
+def set_ce_kernel(name: str) -> None:
+    global _ce_kernel
+    if name not in CE_KERNELS:
+        raise ValueError(f"ce kernel: {name!r} is not one of {', '.join(CE_KERNELS)}")
+    _ce_kernel = name
+
+
+def _use_liger(logits: torch.Tensor, teacher: torch.Tensor | None) -> bool:
+    return _ce_kernel == "liger" and teacher is None and logits.is_cuda and liger_ce.available()
+
 
 def _chunk_kernel(logits: torch.Tensor, eager: Any) -> Any:
     if not logits.is_cuda or logits.shape[0] < 2:
@@ -226,6 +243,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
             t = None if teacher is None else teacher[part].to(w.dtype) @ w.t()
             if not (need_hidden or need_weight):
                 ce[part], correct[part] = _ce_only(logits, y, t, distill)
+                continue
+            if _use_liger(logits, t):
+                # Unweighted softmax - onehot: the row weights scale the narrow side.
+                ce[part], correct[part], grad_logits = liger_ce.ce_and_grad_in_place(logits, y)
+                rw = row_weights[part].to(h.dtype)[:, None]
+                if grad_hidden is not None:
+                    grad_hidden[part] = (grad_logits @ w) * rw
+                if grad_weight is not None:
+                    grad_weight += (grad_logits.t() @ (h * rw)).float()
                 continue
             ce[part], correct[part], grad_logits = _run_chunk(
                 logits, y, row_weights[part], t, distill

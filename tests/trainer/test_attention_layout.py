@@ -169,8 +169,29 @@ def test_compiled_flex_warm_up_leaves_no_compile_for_later_rows_and_lengths(
     torch.compiler.reset()
 
 
-def test_fused_cross_entropy_equals_plain_cross_entropy(monkeypatch: pytest.MonkeyPatch) -> None:
+def _unweighted_ce_and_grad_in_place(
+    logits: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What liger_ce.ce_and_grad_in_place returns, on a CPU (Liger's kernel is Triton on a
+    GPU, where bench/ce_chunk.py checks it against _ce_and_grad)."""
+    ones = torch.ones(logits.shape[0])
+    ce, correct, grad = dflash_loss._ce_and_grad(logits, labels, ones)
+    return ce, correct, logits.copy_(grad)
+
+
+@pytest.mark.parametrize("kernel", ["inductor", "liger"])
+def test_fused_cross_entropy_equals_plain_cross_entropy(
+    monkeypatch: pytest.MonkeyPatch, kernel: str
+) -> None:
+    """Both chunk kernels' ways to weight rows give F.cross_entropy's loss and gradients: the
+    compiled kernel weights the logits' gradient, Liger's leaves it unweighted and the rows of
+    the [rows, hidden] products are weighted instead."""
     monkeypatch.setattr(dflash_loss, "LOGIT_ELEMENTS_PER_CHUNK", 7 * VOCAB)  # several chunks
+    if kernel == "liger":
+        monkeypatch.setattr(dflash_loss, "_use_liger", lambda _logits, teacher: teacher is None)
+        monkeypatch.setattr(
+            dflash_loss.liger_ce, "ce_and_grad_in_place", _unweighted_ce_and_grad_in_place
+        )
     gen = torch.Generator().manual_seed(3)
     _, head = frozen_head()
     head.requires_grad_(True)  # also check the weight gradient, which a target never needs
@@ -192,6 +213,17 @@ def test_fused_cross_entropy_equals_plain_cross_entropy(monkeypatch: pytest.Monk
     assert not ce[~kept].any() and not correct[~kept].any()
     torch.testing.assert_close(got[0], hidden.grad)
     torch.testing.assert_close(got[1], head.weight.grad)
+
+
+def test_ce_kernel_choice() -> None:
+    """An unknown kernel is refused by name; liger is never picked on a CPU."""
+    with pytest.raises(ValueError, match="ce kernel: 'apex' is not one of inductor, liger"):
+        dflash_loss.set_ce_kernel("apex")
+    dflash_loss.set_ce_kernel("liger")
+    try:
+        assert not dflash_loss._use_liger(torch.zeros(2, 3), None)
+    finally:
+        dflash_loss.set_ce_kernel("inductor")
 
 
 def test_cpu_auto_is_sdpa_and_unknown_backends_are_refused() -> None:
