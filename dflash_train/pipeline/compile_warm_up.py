@@ -251,6 +251,19 @@ def _announce(emit: Emit, targets: int, drafter_layers: bool, flex: bool, shapes
         )  # fmt: skip
 
 
+def _progress(emit: Emit, target_s: float, drafter_layers: bool, flex: bool, shapes: int) -> None:
+    """Say the target is done and what compiles now: on an H100 the drafter's layers went on
+    compiling for minutes after the target's (bench/results/target_stage_h100_2026-12-05),
+    and the stream should say which part a long warm-up is in."""
+    drafter = " and ".join((["layers"] if drafter_layers else []) + (["attention"] if flex else []))
+    emit(
+        "event", level="info", code="compiling",
+        message=f"target layers compiled in {target_s:.1f} s; now the drafter's {drafter} "
+        f"for {shapes} batch shapes",
+        part="drafter", target_s=target_s, drafter_layers=drafter_layers, drafter_attention=flex,
+    )  # fmt: skip
+
+
 def compile_before_workers(
     *,
     targets: Sequence[Target],
@@ -291,6 +304,8 @@ def compile_before_workers(
         report["target_layers_compiled"] = layers
     if drafter_layers:
         report["drafter_parts_compiled"] = compile_drafter(stepper.drafter)
+    if report["target_s"] is not None and (flex or drafter_layers) and shapes:
+        _progress(emit, report["target_s"], drafter_layers, flex, len(shapes))
     if (flex or drafter_layers) and shapes:
         import torch
         from torch._dynamo.utils import counters

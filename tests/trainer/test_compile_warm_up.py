@@ -193,3 +193,40 @@ def test_the_compiled_event_gives_each_target_replica_s_seconds(
     for target in targets:
         uncompile_target_layers(target)
     torch.compiler.reset()
+
+
+def test_the_stream_says_when_the_target_is_done_and_the_drafter_compiles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Between the target's compile and the drafter's (minutes each on a GPU) the stream
+    says which part the warm-up is in, with the target's seconds."""
+    import functools
+
+    from dflash_train.pipeline import compile_warm_up
+
+    open_cpu_flex_backward(monkeypatch)
+    for name, value in [("cpu_backend", "eager"), ("compiled", {}), ("dynamic", None)]:
+        monkeypatch.setattr(_FlexState, name, value)
+    monkeypatch.setattr(_FlexState, "on_compile", None)
+    monkeypatch.setattr(compile_warm_up, "target_compile_wanted", lambda _t, wanted: wanted)
+    compile_eager = functools.partial(compile_target_layers, backend="eager")
+    monkeypatch.setattr(compile_warm_up, "compile_target_layers", compile_eager)
+    torch.compiler.reset()
+    target = _fresh_tiny_target()
+    drafter = tiny_drafter()
+    drafter.attention_backend = "flex"
+    events: list[dict[str, Any]] = []
+    report = compile_before_workers(
+        targets=[target], layer_ids=[1, 3], stepper=tiny_stepper(drafter, num_anchors=80),
+        attention_backend="flex", shapes=[(2, 70), (4, 40)],
+        emit=lambda kind, **fields: events.append({"kind": kind, **fields}),
+    )  # fmt: skip
+    assert [e["code"] for e in events] == ["compiling", "compiling", "compiled"]
+    progress = events[1]
+    assert progress["part"] == "drafter" and progress["target_s"] == report["target_s"] > 0
+    assert progress["message"] == (
+        f"target layers compiled in {report['target_s']:.1f} s; now the drafter's attention "
+        "for 2 batch shapes"
+    )
+    uncompile_target_layers(target)
+    torch.compiler.reset()
