@@ -10,8 +10,11 @@
 #             (a call carries 64 MiB with the tree: three parts over three warm calls)
 #   fidelity  reassemble the GGUF, convert it, bench/fp8_fidelity.py (bf16 vs fp8 SmolLM2)
 #   launch    a real `dflash-train launch --target-dtype fp8` (random:qwen3-8b), 300 steps
-#             watched to the end (LAUNCH_LIMIT 450 s: a ~3-minute warm-up, then ~2 steps/s;
-#             call timeout 540)
+#             watched to the end (LAUNCH_LIMIT 450 s; call timeout 540). The warm-up was 181 s
+#             with the drafter's layers failing to compile (H200, session 21) and past 485 s
+#             with them compiling (H100, session 22): a run with no step at the limit gets
+#             SIGABRT, and train.log the stacks. LAUNCH_ARGS adds train arguments, e.g.
+#             "--compile-drafter false" for the layers eager
 #   plan      bench/plan_check.py (goal 4): `plan --measure` calibrates random:qwen3-8b on the
 #             GPU, then the async pipeline with two target replicas and the drafter sharing it
 #             runs PLAN_PIPELINE_S; the prediction against the measured rate (~5 min; carry
@@ -120,27 +123,42 @@ stage_launch() {
   synthetic_data
   run=/tmp/run_fp8
   say "launch fp8"
+  # shellcheck disable=SC2086  # LAUNCH_ARGS is a list of arguments
   python3 -m dflash_train launch "$run" --wait 150 --env "PYTHONPATH=$PYTHONPATH" \
-    --env "DFLASH_CACHE_DIR=$RANDOM_CACHE" --env PYTHONUNBUFFERED=1 \
+    --env "DFLASH_CACHE_DIR=$RANDOM_CACHE" --env PYTHONUNBUFFERED=1 --env PYTHONFAULTHANDLER=1 \
     --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- \
     --target-model random:qwen3-8b --target-dtype fp8 --data-dir /tmp/synth --draft-layers 2 \
     --num-anchors 512 --tokens-per-batch 8192 --num-buckets 4 --max-length 2048 --target-gpus 0 \
     --drafter-gpus 0 --max-steps "${LAUNCH_STEPS:-300}" --save-every 100 --log-every 5 \
-    | tee "$OUT/launch_fp8.reply.json"
+    ${LAUNCH_ARGS:-} | tee "$OUT/launch_fp8.reply.json"
   # Until the run ends or LAUNCH_LIMIT passes: the warm-up alone took 181 s on 2026-12-05
-  # (target layers 108 s, drafter attention 39 s), then ~2 steps/s. A stalled state is
-  # watched on too (session 21 stopped watching one at 136 s that was compiling).
-  local start=$SECONDS state=running
+  # (target layers 108 s, drafter attention 39 s, the drafter's layers failing at once), then
+  # ~2 steps/s; with the layers compiling, an H100 was still in their compile at 240 s and at
+  # 485 s (session 22). A stalled state is watched on too. Each event line is said as it
+  # comes, and the stream is kept before `stop`: session 22's call ran out in a `stop` that
+  # waited on the compile, and took the stream with it.
+  local start=$SECONDS state=running seen=0 pid
+  pid=$(python3 -c "import json,sys;print(json.load(open(sys.argv[1]))['pid'])" "$OUT/launch_fp8.reply.json")
   while [ $((SECONDS - start)) -lt "${LAUNCH_LIMIT:-450}" ]; do
     state=$(python3 -m dflash_train status "$run" | python3 -c "import json,sys;print(json.load(sys.stdin).get('state'))")
+    grep '"kind":"event"' "$run/status.jsonl" | tail -n +$((seen + 1)) | cut -c1-300
+    seen=$(grep -c '"kind":"event"' "$run/status.jsonl")
     case "$state" in running | stalled) sleep 5 ;; *) break ;; esac
   done
   say "run state $state"
+  cp "$run/status.jsonl" "$OUT/launch_fp8.status.jsonl"
   case "$state" in
-    running | stalled) python3 -m dflash_train stop "$run" | tee "$OUT/launch_fp8.stop.json" ;;
+    running | stalled)
+      # Where a warm-up that has not ended is (PYTHONFAULTHANDLER: SIGABRT prints every
+      # thread's stack to train.log, and ends the run), else stop it as a user would.
+      if ! grep -q '"kind":"step"' "$run/status.jsonl"; then
+        kill -ABRT "$pid" && sleep 3 && say "no step yet: the stacks are in train.log"
+      else
+        timeout 60 python3 -m dflash_train stop "$run" | tee "$OUT/launch_fp8.stop.json"
+      fi ;;
   esac
   cp "$run/status.jsonl" "$OUT/launch_fp8.status.jsonl"
-  tail -n 80 "$run/train.log" > "$OUT/launch_fp8.train_log_tail.txt"
+  grep -v "^Extension modules" "$run/train.log" | tail -n 400 > "$OUT/launch_fp8.train_log_tail.txt"
 }
 
 synthetic_data() {
