@@ -132,15 +132,20 @@ def compile_target_layers(
     import torch
 
     from dflash_train.model.dynamo_limits import allow_recompiles
+    from dflash_train.targets.fp8 import TARGET_INDUCTOR_OPTIONS, is_fp8
     from dflash_train.targets.linear_attention import make_kernels_opaque
 
     make_kernels_opaque(target.model)
     # Each replica on its own GPU takes graphs of its own (dynamo_limits.py says why).
     allow_recompiles()
+    # An fp8 target's kernels tuned as torchao would tune them, for its compile alone.
+    options = TARGET_INDUCTOR_OPTIONS if backend == "inductor" and is_fp8(target) else None
     count = 0
     for layer in target.layers[: max(layer_ids) + 1]:
         if "forward" not in vars(layer):
-            layer.forward = torch.compile(layer.forward, dynamic=True, backend=backend)
+            layer.forward = torch.compile(
+                layer.forward, dynamic=True, backend=backend, options=options
+            )
             count += 1
     return count
 

@@ -19,6 +19,15 @@ TARGET_DTYPES = ("bf16", "fp8")
 MIN_CAPABILITY = (8, 9)
 # _scaled_mm wants both matrix sizes divisible by 16; smaller linears stay in bf16.
 ALIGN = 16
+# What torchao's quantize_ sets for the whole process by default (set_inductor_config), given
+# to the fp8 target's own compile instead (compile_target_layers). Process-wide, it made every
+# later compile tune each Triton kernel: an fp8 launch on an H100 was still compiling the
+# drafter's layers 485 s in (bench/results/target_stage_h100_2026-12-05). torchao also set
+# float32 matmuls to TF32 for the whole process; nothing here wants that.
+TARGET_INDUCTOR_OPTIONS = {
+    "coordinate_descent_tuning": True,
+    "coordinate_descent_check_all_directions": True,
+}
 
 
 def off_cuda_refusal(device_type: str) -> str:
@@ -74,6 +83,17 @@ def quantise_target_fp8(target: Target) -> int:
     )
 
     count = sum(_quantisable(m, "") for m in target.layers.modules())
-    config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
+    config = Float8DynamicActivationFloat8WeightConfig(
+        granularity=PerRow(), set_inductor_config=False
+    )
     quantize_(target.layers, config, filter_fn=_quantisable)
     return count
+
+
+def is_fp8(target: Target) -> bool:
+    """Whether quantise_target_fp8 converted this target's linears (torchao's Float8Tensor
+    weights)."""
+    return any(
+        type(getattr(module, "weight", None)).__name__.startswith("Float8")
+        for module in target.layers.modules()
+    )

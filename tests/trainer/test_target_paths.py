@@ -107,3 +107,49 @@ def test_fp8_on_the_cpu_is_refused_in_one_line(tmp_path: Path, prepared_data_dir
     assert not (run_dir / "status.jsonl").exists()
     done = run_train([*argv[:-1], "fp16"], timeout=60)
     assert done.returncode == 2 and "target_dtype" in done.stderr and "fp16" in done.stderr
+
+
+def test_fp8_leaves_the_process_compile_settings_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchao's quantize_ turns on inductor's coordinate-descent tuning and TF32 float32
+    matmuls for the whole process unless told not to: every later compile (the drafter's
+    layers, flex, the loss) then tuned each Triton kernel, and an fp8 launch on an H100 was
+    still compiling 485 s in. quantise_target_fp8 leaves both as they were and gives the
+    tuning to the fp8 target's own compile. torchao's hardware check is lifted (no GPU
+    here); the quantisation itself is torchao's."""
+    import torch._inductor.config as inductor_config
+    import torchao.quantization.quant_api as quant_api
+
+    from dflash_train.pipeline.target_workers import (
+        compile_target_layers,
+        uncompile_target_layers,
+    )
+    from dflash_train.targets import fp8
+
+    monkeypatch.setattr(quant_api, "_check_hardware_support", lambda *_: None)
+    monkeypatch.setattr(fp8, "fp8_refusal", lambda _device: None)
+    # Restored after the test whatever it does to them.
+    for name in ("coordinate_descent_tuning", "coordinate_descent_check_all_directions"):
+        monkeypatch.setattr(inductor_config, name, False)
+    precision = torch.get_float32_matmul_precision()
+    target = targets.load_target("random:tiny", "cpu", torch.bfloat16)
+    try:
+        assert not fp8.is_fp8(target)
+        assert quantise_target_fp8(target) > 0 and fp8.is_fp8(target)
+        assert not inductor_config.coordinate_descent_tuning
+        assert not inductor_config.coordinate_descent_check_all_directions
+        assert torch.get_float32_matmul_precision() == precision
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    options: list[object] = []
+    real_compile = torch.compile
+
+    def compile_seen(fn: object, **kwargs: object) -> object:
+        options.append(kwargs.get("options"))
+        return real_compile(fn, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", compile_seen)
+    assert compile_target_layers(target, [1]) == 2
+    uncompile_target_layers(target)
+    assert options == [fp8.TARGET_INDUCTOR_OPTIONS] * 2
+    compile_target_layers(targets.load_target("random:tiny", "cpu", torch.bfloat16), [1])
+    assert options[2:] == [None, None]  # a bf16 target's compile takes inductor's defaults
