@@ -53,7 +53,10 @@ def variants(device: torch.device, distill: bool) -> dict[str, Kernel]:
             eager, dynamic=True, fullgraph=True, mode="max-autotune-no-cudagraphs"
         )
         if not distill and liger_ce.available():
-            out["liger_in_place"] = liger_ce.ce_and_grad_in_place
+            # Unweighted: compare() weights its gradient as the trainer weights the products.
+            out["liger_in_place"] = lambda logits, labels, _weights: liger_ce.ce_and_grad_in_place(
+                logits, labels
+            )
         elif not distill:
             log("liger: liger-kernel or triton is not importable")
     return out
