@@ -21,7 +21,7 @@ from dflash_train.pipeline.distributed import (
 from dflash_train.rundir import LockHeld, RunDir, RunLock, lock_is_held
 from dflash_train.stream.summary_cache import KEPT_POINTS
 from dflash_train.stream.writer import StatusWriter
-from dflash_train.training.stop_flag import ORPHANED, StopFlag
+from dflash_train.training.stop_flag import ORPHANED, StopDuringWarmUp, StopFlag
 
 EXIT_LOCK_HELD = 3
 EXIT_ORPHANED = 4
@@ -30,8 +30,13 @@ EXIT_ORPHANED = 4
 def _install_signal_handlers(stop: StopFlag) -> None:
     def handler(signum: int, _frame: Any) -> None:
         name = signal.Signals(signum).name
-        print(f"{name} received: finishing the current step, then checkpoint", file=sys.stderr)
-        stop.request("signal", name)
+        then = (
+            "stopping the compile warm-up now (no step has run)"
+            if stop.in_warm_up
+            else "finishing the current step, then checkpoint"
+        )
+        print(f"{name} received: {then}", file=sys.stderr)
+        stop.on_signal(name)  # raises StopDuringWarmUp while compiling before step one
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
@@ -119,6 +124,12 @@ def _run_and_report(
         run.setup()
         setting_up = False
         reason = run.loop()
+    except StopDuringWarmUp:
+        # Stopped while compiling, before any step: nothing to checkpoint, so it ends now.
+        print("stopped before the first step, during the compile warm-up", file=sys.stderr)
+        assert run is not None
+        run.shutdown()
+        reason = "signal"
     except BaseException as exc:
         tail = traceback.format_exc().strip().splitlines()[-20:]
         if setting_up and isinstance(exc, ValueError):

@@ -429,7 +429,8 @@ class TrainingRun:
 
         def emit(kind: str, **fields: Any) -> None:
             if self.writer is not None:
-                self.writer.write(kind, **fields)
+                with self.stop.uninterruptible():
+                    self.writer.write(kind, **fields)
 
         model = self.config.model
         shapes = warm_up_shapes(
@@ -440,10 +441,13 @@ class TrainingRun:
         # warm-up of minutes reads as a stall (stream/beat.py). It reports the monitor's GPUs.
         assert self.monitor is not None
         roles = self.monitor.gpu_roles
+        # A stop while this compiles ends the run at once (stop_flag.StopDuringWarmUp): on a
+        # GPU it can take minutes, and no step has run yet.
         with (
+            self.stop.interruptible(),
             Beat(self.writer, roles, WARM_UP_BEAT_S, WARM_UP_LIMIT_S, "warm-up-beat")
             if self.writer is not None
-            else contextlib.nullcontext()
+            else contextlib.nullcontext(),
         ):
             self.compile_report = compile_before_workers(
                 targets=self.targets,

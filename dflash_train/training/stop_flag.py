@@ -4,9 +4,19 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # The reason a run stops when its run dir was deleted under it: it writes nothing more.
 ORPHANED = "orphaned"
+
+
+class StopDuringWarmUp(BaseException):
+    """Raised by the signal handler while the run compiles before its first step, so a stop
+    ends that warm-up (minutes on a GPU) at once instead of after it: no step has run, so
+    there is nothing to checkpoint. A BaseException, as KeyboardInterrupt is, so that the
+    warm-up's own `except Exception` fallbacks (and inductor's) do not take it for a failed
+    compile."""
 
 
 class StopFlag:
@@ -14,6 +24,45 @@ class StopFlag:
         self._event = threading.Event()
         self.reason: str | None = None
         self.message = ""
+        # Main thread only (signal handlers run there): >0 inside interruptible().
+        self._interruptible = 0
+
+    @contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """A stretch before the first step that a stop signal ends at once (on_signal
+        raises StopDuringWarmUp in it); one asked for before it is raised on entry."""
+        if self.is_set():
+            raise StopDuringWarmUp(self.message)
+        self._interruptible += 1
+        try:
+            yield
+        finally:
+            self._interruptible -= 1
+
+    @contextmanager
+    def uninterruptible(self) -> Iterator[None]:
+        """Inside interruptible(): a stream write, which must land whole with its seq
+        counted; a stop that came meanwhile is raised after it."""
+        saved, self._interruptible = self._interruptible, 0
+        try:
+            yield
+        finally:
+            self._interruptible = saved
+        if saved and self.is_set():
+            raise StopDuringWarmUp(self.message)
+
+    @property
+    def in_warm_up(self) -> bool:
+        """Whether a stop signal now would end the run at once (inside interruptible())."""
+        return self._interruptible > 0
+
+    def on_signal(self, name: str) -> None:
+        """What a SIGTERM or SIGINT does: ask the loop to stop after its step, or, inside
+        interruptible(), stop now."""
+        self.request("signal", name)
+        if self._interruptible:
+            self._interruptible = 0  # one raise; a second signal while it unwinds waits
+            raise StopDuringWarmUp(name)
 
     def request(self, reason: str, message: str = "") -> None:
         if not self._event.is_set():

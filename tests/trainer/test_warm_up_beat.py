@@ -8,23 +8,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from train_process import run_train, status_lines, train_argv
+from train_process import run_train, status_lines, train_argv, trainer_with_warm_up
 
 from dflash_train.stream.beat import Beat
 from dflash_train.stream.writer import StatusWriter
 
-# `dflash-train train` with its warm-up held until a heartbeat is in the stream (60 s at
-# most), and the beat every 0.2 s instead of 5 s.
-HELD_WARM_UP = """
-import sys, time
-from pathlib import Path
-from dflash_train.cli import main
-from dflash_train.training import run as run_module
-
-stream = Path(sys.argv[1]) / "status.jsonl"
-real_compile = run_module.compile_before_workers
-
-def held_compile(**kwargs):
+# The warm-up held until a heartbeat is in the stream (60 s at most).
+HELD_WARM_UP = trainer_with_warm_up("""
+def compile(**kwargs):
+    stream = Path(sys.argv[1]) / "status.jsonl"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if stream.exists() and b'"kind":"heartbeat"' in stream.read_bytes():
@@ -32,11 +24,7 @@ def held_compile(**kwargs):
             break
         time.sleep(0.05)
     return real_compile(**kwargs)
-
-run_module.compile_before_workers = held_compile
-run_module.WARM_UP_BEAT_S = 0.2
-sys.exit(main(sys.argv[2:]))
-"""
+""")
 
 
 def test_the_stream_beats_while_the_trainer_compiles_before_its_first_step(
