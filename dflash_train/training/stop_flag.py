@@ -24,45 +24,52 @@ class StopFlag:
         self._event = threading.Event()
         self.reason: str | None = None
         self.message = ""
-        # Main thread only (signal handlers run there): >0 inside interruptible().
-        self._interruptible = 0
+        # Main thread only (signal handlers run there): inside interruptible(), and inside
+        # an uninterruptible() stretch of it.
+        self._warm_up = False
+        self._shielded = False
+
+    def _stop_now(self) -> None:
+        self._warm_up = False  # one raise; a second signal while it unwinds only asks
+        raise StopDuringWarmUp(self.message)
 
     @contextmanager
     def interruptible(self) -> Iterator[None]:
         """A stretch before the first step that a stop signal ends at once (on_signal
-        raises StopDuringWarmUp in it); one asked for before it is raised on entry."""
-        if self.is_set():
-            raise StopDuringWarmUp(self.message)
-        self._interruptible += 1
+        raises StopDuringWarmUp in it); a signal's stop asked for before it is raised on
+        entry."""
+        if self.reason == "signal":
+            self._stop_now()
+        self._warm_up = True
         try:
             yield
         finally:
-            self._interruptible -= 1
+            self._warm_up = False
 
     @contextmanager
     def uninterruptible(self) -> Iterator[None]:
         """Inside interruptible(): a stream write, which must land whole with its seq
-        counted; a stop that came meanwhile is raised after it."""
-        saved, self._interruptible = self._interruptible, 0
+        counted; a signal's stop that came meanwhile is raised after it."""
+        shielded, self._shielded = self._shielded, True
         try:
             yield
         finally:
-            self._interruptible = saved
-        if saved and self.is_set():
-            raise StopDuringWarmUp(self.message)
+            self._shielded = shielded
+        if self._warm_up and not shielded and self.reason == "signal":
+            self._stop_now()
 
     @property
     def in_warm_up(self) -> bool:
-        """Whether a stop signal now would end the run at once (inside interruptible())."""
-        return self._interruptible > 0
+        """Whether a stop signal now would end the run at once."""
+        return self._warm_up and not self._shielded
 
     def on_signal(self, name: str) -> None:
         """What a SIGTERM or SIGINT does: ask the loop to stop after its step, or, inside
-        interruptible(), stop now."""
+        interruptible(), stop now (only for a signal's stop: an earlier request, say the
+        monitor's error, keeps its own reason and course)."""
         self.request("signal", name)
-        if self._interruptible:
-            self._interruptible = 0  # one raise; a second signal while it unwinds waits
-            raise StopDuringWarmUp(name)
+        if self.in_warm_up and self.reason == "signal":
+            self._stop_now()
 
     def request(self, reason: str, message: str = "") -> None:
         if not self._event.is_set():

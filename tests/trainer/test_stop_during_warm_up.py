@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from train_process import status_lines, train_argv, train_env, trainer_with_warm_up, wait_for
 
 # The warm-up runs compiler children until it is stopped.
@@ -57,3 +58,30 @@ def test_a_stop_during_the_compile_warm_up_ends_the_run_at_once(
     assert not (run_dir / "checkpoints").exists() or not any(
         (run_dir / "checkpoints").rglob("step_*")
     )
+
+
+def test_the_stop_flag_raises_only_in_the_warm_up_and_never_inside_a_write() -> None:
+    from dflash_train.training.stop_flag import StopDuringWarmUp, StopFlag
+
+    outside = StopFlag()
+    outside.on_signal("SIGTERM")  # in the loop: asks, the step finishes
+    assert outside.is_set() and outside.reason == "signal"
+    # Asked before the warm-up: it ends on entry.
+    with pytest.raises(StopDuringWarmUp), outside.interruptible():
+        pass
+
+    stop = StopFlag()
+    with pytest.raises(StopDuringWarmUp), stop.interruptible():
+        assert stop.in_warm_up
+        with stop.uninterruptible():
+            stop.on_signal("SIGTERM")  # mid-write: the line lands first
+            assert not stop.in_warm_up
+        pytest.fail("the stop should have been raised when the write ended")
+    assert not stop.in_warm_up
+    stop.on_signal("SIGTERM")  # a second signal while it unwinds only asks
+
+    errored = StopFlag()
+    errored.request("error", "the monitor found a fatal problem")
+    with errored.interruptible():
+        errored.on_signal("SIGTERM")  # the earlier reason keeps its course
+    assert errored.reason == "error"
