@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from decode_speed import _sync, _timed
 
 from dflash_train.model import liger_ce
 from dflash_train.model.dflash_loss import _ce_and_grad, _distill_ce_and_grad
@@ -30,11 +31,6 @@ Kernel = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 def log(message: str) -> None:
     print(f"[ce_chunk] {message}", file=sys.stderr, flush=True)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def variants(device: torch.device, distill: bool) -> dict[str, Kernel]:
@@ -78,20 +74,9 @@ def time_variant(
     out = call()  # compile and autotune, outside the timing
     _sync(device)
     compile_s = time.perf_counter() - start
-    for _ in range(2):
-        call()
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(reps):
-        call()
-    _sync(device)
-    ms = (time.perf_counter() - start) / reps * 1e3
+    ms = _timed(call, reps, device)
     if in_place:  # the clone each call makes is not the kernel's
-        start = time.perf_counter()
-        for _ in range(reps):
-            logits.clone()
-        _sync(device)
-        ms -= (time.perf_counter() - start) / reps * 1e3
+        ms -= _timed(logits.clone, reps, device)
     return {"ms": round(ms, 4), "compile_s": round(compile_s, 2)}, out
 
 

@@ -234,15 +234,20 @@ def _warm_up_drafter(
     return _warm_up_flex(stepper, shapes, dtype, emit)
 
 
+def _drafter_parts(layers: bool, attention: bool) -> str:
+    """The drafter's compiled parts in words: "layers and attention", "layers", "" ..."""
+    return " and ".join((["layers"] if layers else []) + (["attention"] if attention else []))
+
+
 def _announce(emit: Emit, targets: int, drafter_layers: bool, flex: bool, shapes: int) -> None:
     """Say what is about to compile: minutes without a step (an fp8 Qwen3-8B target's layers
     took 108 s on the H200) read as a hang unless the operator sees why."""
     parts = (
         [f"the layers of {targets} target replica{'s' if targets != 1 else ''}"] if targets else []
     )
-    drafter = (["layers"] if drafter_layers else []) + (["attention"] if flex else [])
+    drafter = _drafter_parts(drafter_layers, flex)
     if drafter:
-        parts.append(f"the drafter's {' and '.join(drafter)} for {shapes} batch shapes")
+        parts.append(f"the drafter's {drafter} for {shapes} batch shapes")
     if parts:
         emit(
             "event", level="info", code="compiling",
@@ -255,7 +260,7 @@ def _progress(emit: Emit, target_s: float, drafter_layers: bool, flex: bool, sha
     """Say the target is done and what compiles now: on an H100 the drafter's layers went on
     compiling for minutes after the target's (bench/results/target_stage_h100_2026-12-05),
     and the stream should say which part a long warm-up is in."""
-    drafter = " and ".join((["layers"] if drafter_layers else []) + (["attention"] if flex else []))
+    drafter = _drafter_parts(drafter_layers, flex)
     emit(
         "event", level="info", code="compiling",
         message=f"target layers compiled in {target_s:.1f} s; now the drafter's {drafter} "
@@ -348,8 +353,7 @@ def compile_before_workers(
             per = f" ({', '.join(f'{t:.1f}' for t in each)} s a replica)" if len(each) > 1 else ""
             parts.append(f"target layers {report['target_s']:.1f} s{per}")
         if report["drafter_s"] is not None:
-            compiled = ["layers"] if report["drafter_layers_compiled"] else []
-            what = " and ".join(compiled + (["attention"] if flex else []))
+            what = _drafter_parts(bool(report["drafter_layers_compiled"]), flex)
             parts.append(
                 f"drafter {what} {report['drafter_s']:.1f} s for shapes {list(shapes)} "
                 f"({report.get('drafter_graphs', 0)} dynamo graphs, "
