@@ -29,6 +29,7 @@ from dflash_train.model.drafter_compile import (
 )
 from dflash_train.pipeline.target_workers import (
     compile_target_layers,
+    set_target_compile_hook,
     target_compile_wanted,
     uncompile_target_layers,
     warm_up_target,
@@ -307,6 +308,17 @@ def compile_before_workers(
         # Each replica's own: whether later replicas (other GPUs) reuse the first's kernels.
         report.setdefault("target_s_each", []).append(round(spent, 2))
         report["target_layers_compiled"] = layers
+
+    def on_new_target_shape(spent: float, shape: tuple[int, ...]) -> None:
+        emit(
+            "event", level="info", code="compiled",
+            message=f"target layers compiled mid-run for a batch shape the warm-up did not "
+            f"cover, {list(shape)}, in {spent:.1f} s (the pool waited meanwhile)",
+            seconds=round(spent, 2), part="target_layers", shape=list(shape),
+        )  # fmt: skip
+
+    # None too: a hook left by an earlier run in this process would write to its stream.
+    set_target_compile_hook(on_new_target_shape if report["target_s"] is not None else None)
     if drafter_layers:
         report["drafter_parts_compiled"] = compile_drafter(stepper.drafter)
     if report["target_s"] is not None and (flex or drafter_layers) and shapes:

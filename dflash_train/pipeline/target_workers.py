@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -102,10 +102,32 @@ def forward_to_drafter(
     )
 
 
+class _CompileHook:
+    """Told when a target forward compiled a graph (a batch shape the warm-up missed):
+    seconds and the batch's (rows, length). Such a compile holds the worker, and with it
+    the pool, for as long as it takes (49 s for a one-row batch of an fp8 target on an
+    H100): the stream should say so, not just go quiet."""
+
+    on_compile: Callable[[float, tuple[int, ...]], None] | None = None
+
+
+def set_target_compile_hook(hook: Callable[[float, tuple[int, ...]], None] | None) -> None:
+    _CompileHook.on_compile = hook
+
+
 def _extract(target: Target, batch: Batch, layer_ids: Sequence[int]) -> torch.Tensor:
+    from torch._dynamo.utils import counters
+
     from dflash_train.targets.frozen_target import extract_context
 
-    return extract_context(target, batch.input_ids, batch.attention_mask, list(layer_ids))
+    hook = _CompileHook.on_compile
+    # Module runs are serialised (compile_guard.GUARD): a graph made now is this forward's.
+    graphs = counters["stats"]["unique_graphs"]
+    start = time.perf_counter()
+    hidden = extract_context(target, batch.input_ids, batch.attention_mask, list(layer_ids))
+    if hook is not None and counters["stats"]["unique_graphs"] > graphs:
+        hook(time.perf_counter() - start, tuple(batch.input_ids.shape))
+    return hidden
 
 
 # Batch shapes (rows, length, padded) that the target warm-up runs: the first padded one

@@ -229,3 +229,64 @@ def test_the_stream_says_when_the_target_is_done_and_the_drafter_compiles(
     )
     uncompile_target_layers(target)
     torch.compiler.reset()
+
+
+def test_a_target_compile_mid_run_is_reported_once_per_new_graph(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch shape the target's warm-up missed compiles in the worker, holding the pool
+    (49 s on an H100's fp8 target, with no word in the stream): the stream now says so,
+    once per new graph. Here the warm-up is made to miss the one-row shape."""
+    import functools
+
+    from dflash_train.data.buckets import Batch
+    from dflash_train.pipeline import compile_warm_up
+    from dflash_train.pipeline.stage_timers import StageTimers
+    from dflash_train.pipeline.target_workers import (
+        WARM_UP_SHAPES,
+        LoadedBatch,
+        _CompileHook,
+        forward_to_drafter,
+        set_target_compile_hook,
+    )
+
+    monkeypatch.setattr(compile_warm_up, "target_compile_wanted", lambda _t, wanted: wanted)
+    compile_eager = functools.partial(compile_target_layers, backend="eager")
+    monkeypatch.setattr(compile_warm_up, "compile_target_layers", compile_eager)
+    multi_row = [shape for shape in WARM_UP_SHAPES if shape[0] > 1]
+    missing_one_row = functools.partial(warm_up_target, shapes=multi_row)
+    monkeypatch.setattr(compile_warm_up, "warm_up_target", missing_one_row)
+    torch.compiler.reset()
+    target = _fresh_tiny_target()
+    events: list[dict[str, Any]] = []
+    compile_before_workers(
+        targets=[target], layer_ids=[1, 3], stepper=tiny_stepper(tiny_drafter(), num_anchors=8),
+        attention_backend="sdpa", shapes=[],
+        emit=lambda kind, **fields: events.append({"kind": kind, **fields}),
+    )  # fmt: skip
+    try:
+        assert [e["code"] for e in events] == ["compiling", "compiled"]
+        for rows, length, padded in [(1, 75, False), (1, 90, False), (3, 60, True)]:
+            ids, mask = _batch(rows, length, padded)
+            item = LoadedBatch(0, Batch(ids, mask, mask), int(mask.sum()))
+            forward_to_drafter(target, item, [1, 3], torch.device("cpu"), StageTimers())
+        later = events[2:]
+        assert [(e["code"], e["part"], e["shape"]) for e in later] == [
+            ("compiled", "target_layers", [1, 75])
+        ]
+        assert later[0]["level"] == "info" and later[0]["seconds"] > 0
+        assert later[0]["message"].startswith(
+            "target layers compiled mid-run for a batch shape the warm-up did not cover, [1, 75]"
+        )
+        # A run whose target is not compiled clears the hook an earlier run left.
+        monkeypatch.setattr(compile_warm_up, "target_compile_wanted", lambda _t, _w: False)
+        compile_before_workers(
+            targets=[_fresh_tiny_target()], layer_ids=[1, 3],
+            stepper=tiny_stepper(tiny_drafter(), num_anchors=8), attention_backend="sdpa",
+            shapes=[], emit=lambda kind, **fields: None,
+        )  # fmt: skip
+        assert _CompileHook.on_compile is None
+    finally:
+        set_target_compile_hook(None)
+        uncompile_target_layers(target)
+        torch.compiler.reset()
