@@ -169,6 +169,17 @@ def _first_line(exc: Exception) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
+def _compiled_mid_run(emit: Emit, part: str, what: str, shape: Sequence[int], spent: float) -> None:
+    """A graph compiled after the warm-up, by the thread that met the shape: that thread,
+    and with it the pool, waited meanwhile."""
+    emit(
+        "event", level="info", code="compiled",
+        message=f"{what} compiled mid-run for a shape the warm-up did not cover, "
+        f"{list(shape)}, in {spent:.1f} s",
+        seconds=round(spent, 2), part=part, shape=list(shape),
+    )  # fmt: skip
+
+
 def _compile_failed(emit: Emit, exc: Exception, message: str) -> None:
     """A fallback said twice: on stderr with the whole exception, and as a warning event."""
     print(f"{message}: {exc!r}", file=sys.stderr)
@@ -310,12 +321,7 @@ def compile_before_workers(
         report["target_layers_compiled"] = layers
 
     def on_new_target_shape(spent: float, shape: tuple[int, ...]) -> None:
-        emit(
-            "event", level="info", code="compiled",
-            message=f"target layers compiled mid-run for a batch shape the warm-up did not "
-            f"cover, {list(shape)}, in {spent:.1f} s (the pool waited meanwhile)",
-            seconds=round(spent, 2), part="target_layers", shape=list(shape),
-        )  # fmt: skip
+        _compiled_mid_run(emit, "target_layers", "target layers", shape, spent)
 
     # None too: a hook left by an earlier run in this process would write to its stream.
     set_target_compile_hook(on_new_target_shape if report["target_s"] is not None else None)
@@ -340,20 +346,10 @@ def compile_before_workers(
         report["drafter_layers_compiled"] = drafter_compiled(stepper.drafter)
 
         def on_new_shape(spent: float, key: tuple[Any, ...]) -> None:
-            emit(
-                "event", level="info", code="compiled",
-                message=f"drafter attention compiled mid-run for a shape the warm-up did not "
-                f"cover, {list(key[0])}, in {spent:.1f} s",
-                seconds=round(spent, 2), part="drafter_attention", shape=list(key[0]),
-            )  # fmt: skip
+            _compiled_mid_run(emit, "drafter_attention", "drafter attention", key[0], spent)
 
         def on_new_layer_shape(spent: float, part: str, shape: tuple[int, ...]) -> None:
-            emit(
-                "event", level="info", code="compiled",
-                message=f"drafter layers' {part} compiled mid-run for a shape the warm-up did "
-                f"not cover, {list(shape)}, in {spent:.1f} s",
-                seconds=round(spent, 2), part="drafter_layers", shape=list(shape),
-            )  # fmt: skip
+            _compiled_mid_run(emit, "drafter_layers", f"drafter layers' {part}", shape, spent)
 
         if shapes:
             _FlexState.on_compile = on_new_shape

@@ -276,7 +276,7 @@ def test_a_target_compile_mid_run_is_reported_once_per_new_graph(
         ]
         assert later[0]["level"] == "info" and later[0]["seconds"] > 0
         assert later[0]["message"].startswith(
-            "target layers compiled mid-run for a batch shape the warm-up did not cover, [1, 75]"
+            "target layers compiled mid-run for a shape the warm-up did not cover, [1, 75], in "
         )
         # A run whose target is not compiled clears the hook an earlier run left.
         monkeypatch.setattr(compile_warm_up, "target_compile_wanted", lambda _t, _w: False)
