@@ -15,6 +15,7 @@ import gzip
 import json
 import sys
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -207,12 +208,20 @@ def union_us(items: list[Item]) -> float:
 
 
 def summarise(
-    items: list[Item], step_walls_us: list[float], step_ms: float, flops: float, top: int = 25
+    items: list[Item],
+    step_walls_us: list[float],
+    step_ms: float,
+    flops: float,
+    top: int = 25,
+    categorise: Callable[[Item], str] = categorise,
+    categories: Sequence[str] = CATEGORIES,
 ) -> dict[str, Any]:
-    """Per-step figures from one trace's items; shares are of the profiled step's wall."""
+    """Per-step figures from one trace's items; shares are of the profiled step's wall.
+    `categorise` and `categories`: the drafter step's by default (profile_target.py has the
+    target stage's)."""
     n = max(1, len(step_walls_us))
     wall_ms = sum(step_walls_us) / n / 1e3
-    per_cat: dict[str, float] = dict.fromkeys(CATEGORIES, 0.0)
+    per_cat: dict[str, float] = dict.fromkeys(categories, 0.0)
     by_name: dict[tuple[str, str], list[Any]] = {}  # one name may launch in several places
     by_launcher: dict[str, float] = defaultdict(float)
     for item in items:
@@ -265,14 +274,14 @@ def summarise(
     }
 
 
-def record(rig: DrafterRig, steps: int, trace: Path) -> None:
-    """`steps` steps under the profiler after one profiler-warm-up step (the first profiled
-    step pays for starting the tracer), synchronised before the first and after the last
-    so each recorded step's kernels fall inside the recorded window."""
+def record(step: Callable[[], Any], device: torch.device, steps: int, trace: Path) -> None:
+    """`steps` calls of `step` under the profiler after one profiler-warm-up call (the first
+    profiled one pays for starting the tracer), synchronised before the first and after the
+    last so each recorded step's kernels fall inside the recorded window."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     activities = [ProfilerActivity.CPU]
-    if rig.device.type == "cuda":
+    if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     with profile(
         activities=activities,
@@ -282,10 +291,21 @@ def record(rig: DrafterRig, steps: int, trace: Path) -> None:
         on_trace_ready=lambda p: p.export_chrome_trace(str(trace)),
     ) as prof:
         for i in range(steps + 1):
-            rig.step()
+            step()
             if i in (0, steps):
-                _sync(rig.device)
+                _sync(device)
             prof.step()
+
+
+def pack_trace(trace: Path) -> Path:
+    """The trace, gzipped where it is too big to come back from the device as it is."""
+    if trace.stat().st_size <= GZIP_ABOVE:
+        return trace
+    packed = trace.with_suffix(".json.gz")
+    with gzip.open(packed, "wb", compresslevel=6) as f:
+        f.write(trace.read_bytes())
+    trace.unlink()
+    return packed
 
 
 def _name(req: ProfileRequest) -> str:
@@ -310,19 +330,14 @@ def profile_drafter(req: ProfileRequest) -> dict[str, Any]:
     from torch._dynamo.utils import counters
 
     graphs = counters["stats"]["unique_graphs"]
-    record(rig, req.steps, trace)
+    record(rig.step, rig.device, req.steps, trace)
     graphs = counters["stats"]["unique_graphs"] - graphs
     events = json.loads(trace.read_text())["traceEvents"]
     kernels, ops, step_walls = read_trace(events)
     on_device = req.device.type == "cuda"
     flops = rig.useful_flops()
     summary = summarise(kernels if on_device else ops, step_walls, timing["ms_per_step"], flops)
-    if trace.stat().st_size > GZIP_ABOVE:
-        packed = trace.with_suffix(".json.gz")
-        with gzip.open(packed, "wb", compresslevel=6) as f:
-            f.write(trace.read_bytes())
-        trace.unlink()
-        trace = packed
+    trace = pack_trace(trace)
     return {
         "dims": req.dims,
         "device": torch.cuda.get_device_name(req.device) if on_device else "cpu",
@@ -365,19 +380,37 @@ def print_table(result: dict[str, Any]) -> None:
           f"layers {shape['drafter_layers']}, flex mode {shape['flex_mode']}: "
           f"step {result['step_ms']} ms (profiled {result['profiled_step_ms']} ms), "
           f"{result['measure']}")  # fmt: skip
-    print(f"  {'category':<15}{'ms/step':>10}{'share':>8}")
-    for name, cat in result["categories"].items():
-        print(f"  {name:<15}{cat['ms']:>10.2f}{cat['share']:>8.1%}")
-    print(f"  {'idle (launch)':<15}{result['idle_ms_per_step']:>10.2f}"
-          f"{result['idle_share'] or 0:>8.1%}")  # fmt: skip
+    print_categories(result)
     print(
         f"  useful-FLOP share of the step {result['useful_share_of_step']:.1%}; "
         f"matmul+attention kernels at "
         f"{result['useful_tflops_in_matmul_attention_kernels']} useful TFLOP/s"
     )
+    print_top(result)
+
+
+def print_categories(result: dict[str, Any], width: int = 15) -> None:
+    print(f"  {'category':<{width}}{'ms/step':>10}{'share':>8}")
+    for name, cat in result["categories"].items():
+        print(f"  {name:<{width}}{cat['ms']:>10.2f}{cat['share']:>8.1%}")
+    print(f"  {'idle (launch)':<{width}}{result['idle_ms_per_step']:>10.2f}"
+          f"{result['idle_share'] or 0:>8.1%}")  # fmt: skip
+
+
+def print_top(result: dict[str, Any], width: int = 12) -> None:
     for k in result["top_kernels"][:10]:
         print(f"  {k['ms_per_step']:>9.2f} ms {k['calls_per_step']:>7.1f}x "
-              f"{k['category']:<12} {k['name'][:70]}")  # fmt: skip
+              f"{k['category']:<{width}} {k['name'][:70]}")  # fmt: skip
+
+
+def write_result(
+    path: Path, result: dict[str, Any], table: Callable[[dict[str, Any]], None]
+) -> int:
+    """The summary beside its trace, and its table on stdout."""
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    log(f"wrote {path} and {result['trace']}")
+    table(result)
+    return 0
 
 
 def parse_args(argv: list[str] | None = None) -> ProfileRequest:
@@ -426,11 +459,7 @@ def parse_args(argv: list[str] | None = None) -> ProfileRequest:
 def main(argv: list[str] | None = None) -> int:
     req = parse_args(argv)
     result = profile_drafter(req)
-    path = req.out / f"profile_{_name(req)}.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    log(f"wrote {path} and {result['trace']}")
-    print_table(result)
-    return 0
+    return write_result(req.out / f"profile_{_name(req)}.json", result, print_table)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,11 @@
 #   ce        bench/ce_chunk.py: the fused cross-entropy's chunk kernel alone (goal 3: 42 ms of
 #             the 8B step), compiled as the trainer does, with inductor's tuning options, and
 #             Liger-Kernel's kernel in place (~2.5 min; carry .whl for liger-kernel)
+#   target_profile  bench/profile_target.py: where the compiled hybrid's forward goes
+#             (random:qwen3.5-27b 4x2048, bf16 then fp8; goal 1's 14 Ktok/s: 12.2 on an H100),
+#             kernel time per category (matmul, attention, the gated delta rule, the conv1d,
+#             fp8 scaling, norm, elementwise). ~5 min (the fp8 compile tunes: ~150 s); carry
+#             .whl. Traces stay in /tmp/profiles; the summaries and profile_target.log come back
 #   profile   bench/profile_drafter.py, flex: where one drafter step's time goes at Qwen3-8B
 #             8x2048 and Qwen3.6-27B 4x2048 (goal 3), the drafter layers compiled and eager,
 #             and at both dims flex autotuned (PROFILE_RUNS, the 8B one last: compiled, 8B dims
@@ -177,6 +182,20 @@ stage_plan() {
     --pipeline-seconds "${PLAN_PIPELINE_S:-120}" --work /tmp/plan_check --out "$OUT/plan_check_h200.json" -- \
     ${PLAN_RECIPE:---draft-layers 2 --num-anchors 512 --tokens-per-batch 8192 --num-buckets 4 --max-length 2048} \
     --epochs 1000 --log-every 5 2>&1 | tee "$OUT/plan_check_h200.log" | grep -v Warning | tail -12
+}
+
+stage_target_profile() {
+  local dtype
+  mkdir -p /tmp/profiles
+  # On a CPU: TARGET_PROFILE_DTYPES=bf16 TARGET_PROFILE_ARGS="--device cpu --smoke".
+  for dtype in ${TARGET_PROFILE_DTYPES:-bf16 fp8}; do
+    say "target stage profile, hybrid compiled, $dtype"
+    # shellcheck disable=SC2046,SC2086  # lists of arguments
+    timeout "${TARGET_PROFILE_TIMEOUT:-270}" python3 bench/profile_target.py --out /tmp/profiles \
+      $( [ "$dtype" = fp8 ] && echo --fp8 ) ${TARGET_PROFILE_ARGS:-} 2>&1 \
+      | tee -a "$OUT/profile_target.log" | grep -v Warning | tail -24
+    cp /tmp/profiles/profile_target_*.json "$OUT/" 2>/dev/null
+  done
 }
 
 # The variants one call profiles, "dims:tag[:arg,arg]", in this order (the eager baselines
