@@ -4,6 +4,7 @@ Dynamo's graph capture is real; the 'eager' backend skips only the C++/Triton co
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,12 +21,20 @@ from dflash_train.pipeline.compile_warm_up import (
 )
 from dflash_train.pipeline.target_workers import (
     compile_target_layers,
+    set_target_compile_hook,
     target_compile_wanted,
     uncompile_target_layers,
     warm_up_target,
 )
 from dflash_train.targets.frozen_target import Target, extract_context
 from dflash_train.targets.presets import RANDOM_PRESETS, build_random_model
+
+
+@pytest.fixture(autouse=True)
+def _no_target_compile_hook() -> Iterator[None]:
+    """compile_before_workers leaves its hook for the run's workers: a test's goes with it."""
+    yield
+    set_target_compile_hook(None)
 
 
 def _fresh_tiny_target() -> Target:
@@ -247,7 +256,6 @@ def test_a_target_compile_mid_run_is_reported_once_per_new_graph(
         LoadedBatch,
         _CompileHook,
         forward_to_drafter,
-        set_target_compile_hook,
     )
 
     monkeypatch.setattr(compile_warm_up, "target_compile_wanted", lambda _t, wanted: wanted)
@@ -287,6 +295,5 @@ def test_a_target_compile_mid_run_is_reported_once_per_new_graph(
         )  # fmt: skip
         assert _CompileHook.on_compile is None
     finally:
-        set_target_compile_hook(None)
         uncompile_target_layers(target)
         torch.compiler.reset()
