@@ -28,6 +28,11 @@
 #             kernel time per category (matmul, attention, the gated delta rule, the conv1d,
 #             fp8 scaling, norm, elementwise). ~5 min (the fp8 compile tunes: ~150 s); carry
 #             .whl. Traces stay in /tmp/profiles; the summaries and profile_target.log come back
+#   flex_tiles  bench/flex_tiles.py: the drafter's flex attention alone at Qwen3.6-27B dims
+#             (goal 3: its backward at head_dim 256 was 163 ms of the 944 ms step), forward and
+#             backward under torch's default tiles, other tile/warp/stage choices and
+#             max-autotune, each checked against the default's output and gradients
+#             (FLEX_DIMS, FLEX_CONFIGS; ~5 min; no carry)
 #   profile   bench/profile_drafter.py, flex: where one drafter step's time goes at Qwen3-8B
 #             8x2048 and Qwen3.6-27B 4x2048 (goal 3), the drafter layers compiled and eager,
 #             and at both dims flex autotuned (PROFILE_RUNS, the 8B one last: compiled, 8B dims
@@ -47,8 +52,10 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export DFLASH_CACHE_DIR=${DFLASH_CACHE_DIR:-/tmp/dflash_cache}
 SECONDS=0
 say() { echo "== [$SECONDS s] $*"; }
-# The profile stage runs on the image's torch alone, so a call of only it needs no wheels.
-if [ "$*" != profile ] && [ ! -f /tmp/site28/.done ]; then
+# The profile and flex_tiles stages run on the image's torch alone: a call of only those
+# needs no wheels.
+case "$*" in profile | flex_tiles | "flex_tiles profile") wheels=no ;; *) wheels=yes ;; esac
+if [ "$wheels" = yes ] && [ ! -f /tmp/site28/.done ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site28 \
     .whl/*.whl && touch /tmp/site28/.done || exit 1
 fi
@@ -195,6 +202,18 @@ stage_target_profile() {
       $( [ "$dtype" = fp8 ] && echo --fp8 ) ${TARGET_PROFILE_ARGS:-} 2>&1 \
       | tee -a "$OUT/profile_target.log" | grep -v Warning | tail -24
     cp /tmp/profiles/profile_target_*.json "$OUT/" 2>/dev/null
+  done
+}
+
+stage_flex_tiles() {
+  local dims
+  for dims in ${FLEX_DIMS:-qwen3.6-27b}; do
+    say "flex attention tiles, $dims"
+    # shellcheck disable=SC2086  # lists of arguments (on a CPU: FLEX_ARGS="--device cpu --smoke")
+    timeout "${FLEX_TIMEOUT:-480}" python3 bench/flex_tiles.py --dims "$dims" \
+      --deadline "${FLEX_DEADLINE:-420}" --out "$OUT/flex_tiles_$dims.json" \
+      ${FLEX_CONFIGS:+--configs $FLEX_CONFIGS} ${FLEX_ARGS:-} 2>&1 | tee "$OUT/flex_tiles_$dims.log" \
+      | grep -v Warning | tail -14
   done
 }
 
