@@ -428,8 +428,12 @@ class TrainingRun:
         """Before any worker thread exists (compile_warm_up.py says why)."""
 
         def emit(kind: str, **fields: Any) -> None:
-            if self.writer is not None:
-                with self.stop.uninterruptible():
+            # Later, a compile mid-run says so from the thread that met the new shape: the
+            # monitor, the writer while training runs, writes it in order.
+            if self.monitor is not None and self.monitor.is_alive():
+                self.monitor.emit(kind, **fields)
+            elif self.writer is not None:
+                with self.stop.uninterruptible():  # the main thread's warm-up
                     self.writer.write(kind, **fields)
 
         model = self.config.model
