@@ -323,8 +323,19 @@ def compile_before_workers(
     def on_new_target_shape(spent: float, shape: tuple[int, ...]) -> None:
         _compiled_mid_run(emit, "target_layers", "target layers", shape, spent)
 
+    def on_target_compile_start(shape: tuple[int, ...]) -> None:
+        emit(
+            "event", level="info", code="compiling",
+            message=f"target layers compiling mid-run for a shape the warm-up did not cover, "
+            f"{list(shape)}: the pool waits until it ends",
+            part="target_layers", shape=list(shape),
+        )  # fmt: skip
+
     # None too: a hook left by an earlier run in this process would write to its stream.
-    set_target_compile_hook(on_new_target_shape if report["target_s"] is not None else None)
+    compiled = report["target_s"] is not None
+    set_target_compile_hook(
+        on_new_target_shape if compiled else None, on_target_compile_start if compiled else None
+    )
     if drafter_layers:
         report["drafter_parts_compiled"] = compile_drafter(stepper.drafter)
     if report["target_s"] is not None and (flex or drafter_layers) and shapes:

@@ -255,6 +255,7 @@ def test_a_target_compile_mid_run_is_reported_once_per_new_graph(
         WARM_UP_SHAPES,
         LoadedBatch,
         _CompileHook,
+        _compile_started,
         forward_to_drafter,
     )
 
@@ -278,12 +279,18 @@ def test_a_target_compile_mid_run_is_reported_once_per_new_graph(
             ids, mask = _batch(rows, length, padded)
             item = LoadedBatch(0, Batch(ids, mask, mask), int(mask.sum()))
             forward_to_drafter(target, item, [1, 3], torch.device("cpu"), StageTimers())
+        # As the compile begins, and when it has ended, once.
         later = events[2:]
         assert [(e["code"], e["part"], e["shape"]) for e in later] == [
-            ("compiled", "target_layers", [1, 75])
+            ("compiling", "target_layers", [1, 75]),
+            ("compiled", "target_layers", [1, 75]),
         ]
-        assert later[0]["level"] == "info" and later[0]["seconds"] > 0
-        assert later[0]["message"].startswith(
+        assert all(e["level"] == "info" for e in later) and later[1]["seconds"] > 0
+        assert later[0]["message"] == (
+            "target layers compiling mid-run for a shape the warm-up did not cover, [1, 75]: "
+            "the pool waits until it ends"
+        )
+        assert later[1]["message"].startswith(
             "target layers compiled mid-run for a shape the warm-up did not cover, [1, 75], in "
         )
         # A run whose target is not compiled clears the hook an earlier run left.
@@ -293,7 +300,8 @@ def test_a_target_compile_mid_run_is_reported_once_per_new_graph(
             stepper=tiny_stepper(tiny_drafter(), num_anchors=8), attention_backend="sdpa",
             shapes=[], emit=lambda kind, **fields: None,
         )  # fmt: skip
-        assert _CompileHook.on_compile is None
+        assert _CompileHook.on_compile is None and _CompileHook.on_start is None
+        assert _compile_started not in torch._dynamo.callback_handler.start_callbacks
     finally:
         uncompile_target_layers(target)
         torch.compiler.reset()
