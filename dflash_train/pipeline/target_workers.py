@@ -117,9 +117,10 @@ class _CompileHook:
 _forward = threading.local()
 
 
-def _compile_started(_args: Any) -> None:
+def _compile_started(*_args: Any) -> None:
     """Dynamo's start-of-compile callback: it runs on the thread that compiles, for a frame
-    it has no graph for. Said once per forward, for a target forward only."""
+    it has no graph for. Said once per forward, for a target forward only. (torch 2.5 calls
+    it with no arguments, later releases with the compile's id.)"""
     shape, hook = getattr(_forward, "shape", None), _CompileHook.on_start
     if shape is not None and hook is not None:
         _forward.shape = None
