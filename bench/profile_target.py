@@ -9,7 +9,9 @@ memcpy_memset; other), the top kernels, the idle gap and the useful-FLOP share b
 target_stage.py's count.
 
 One GPU: `PYTHONPATH=$PWD:$PWD/bench python bench/profile_target.py --out DIR [--fp8]`. On a
-CPU (`--device cpu --smoke`): tiny-hybrid eager, CPU ops' self time standing in for kernels."""
+CPU (`--device cpu --smoke`): tiny-hybrid eager, CPU ops' self time standing in for kernels;
+with `--fp8 --allow-cpu-fp8`, torchao's quantisation with its hardware check lifted (as
+bench/fp8_fidelity.py does) on the target in bf16: the fp8 path's plumbing, not its speed."""
 
 from __future__ import annotations
 
@@ -92,6 +94,8 @@ def profile_target(args: argparse.Namespace) -> dict[str, Any]:
     if args.fp8:
         from dflash_train.targets.fp8 import quantise_target_fp8
 
+        if device.type == "cpu":  # rowwise float8 takes bf16 weights; the CPU builds fp32
+            target.model.to(torch.bfloat16)
         converted = quantise_target_fp8(target)
     # The kernels behind the opaque ops eager too, so the profile tells them apart.
     la.make_kernels_opaque(target.model)
@@ -158,14 +162,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=4)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--eager", action="store_true", help="the layers uncompiled")
-    p.add_argument("--fp8", action="store_true", help="torchao float8 linears (CUDA only)")
+    p.add_argument("--fp8", action="store_true", help="torchao float8 linears (CUDA)")
+    p.add_argument("--allow-cpu-fp8", action="store_true", help="--fp8 on a CPU: plumbing only")
     p.add_argument("--calls", type=int, default=3, help="timed forwards")
     p.add_argument("--steps", type=int, default=2, help="profiled forwards")
     p.add_argument("--out", type=Path, default=Path("profile_target"))
     p.add_argument("--tag", default="", help="names the outputs (default: dtype and mode)")
     a = p.parse_args(argv)
     if a.fp8 and a.device != "cuda":
-        p.error("--fp8: torchao's float8 matmuls need a CUDA GPU")
+        if not a.allow_cpu_fp8:
+            p.error("--fp8: torchao's float8 matmuls need a CUDA GPU (--allow-cpu-fp8: plumbing)")
+        import torchao.quantization.quant_api as quant_api
+
+        from dflash_train.targets import fp8 as fp8_module
+
+        quant_api._check_hardware_support = lambda *_: None
+        fp8_module.fp8_refusal = lambda _device: None  # type: ignore[assignment]
     if a.smoke:
         a.target, a.rows, a.seq, a.eager, a.calls = "random:tiny-hybrid", 2, 128, True, 1
     a.compiled = not a.eager

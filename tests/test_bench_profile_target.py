@@ -46,6 +46,27 @@ def test_profile_target_cpu_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert "gated_delta_rule" in done.stdout and "idle" in done.stdout
 
 
+def test_profile_target_cpu_smoke_of_the_fp8_path(tmp_path: Path) -> None:
+    """torchao's quantisation on the CPU with its hardware check lifted: the fp8 case's
+    plumbing (quantise, opaque kernels, profile) runs before a GPU spends minutes on it."""
+    argv = [
+        sys.executable, "bench/profile_target.py", "--device", "cpu", "--smoke", "--fp8",
+        "--allow-cpu-fp8", "--steps", "1", "--out", str(tmp_path),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'bench'}", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "profile_target_fp8_eager.json").read_text())
+    assert result["target_dtype"] == "fp8" and result["fp8_linears"] > 0
+    cats = result["categories"]
+    assert cats["fp8_scaling"]["ms"] > 0 and cats["matmul"]["ms"] > 0
+    assert cats["gated_delta_rule"]["ms"] > 0  # the kernels stay behind their opaque ops
+    without = [arg for arg in argv if arg != "--allow-cpu-fp8"]
+    refused = subprocess.run(without, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2
+    assert "--fp8: torchao's float8 matmuls need a CUDA GPU" in refused.stderr
+
+
 def _kernel(
     name: str, context: str = "", launcher: str = "", cat: str = "kernel"
 ) -> tuple[str, str, str, str]:

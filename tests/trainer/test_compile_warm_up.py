@@ -254,8 +254,8 @@ def test_a_target_compile_mid_run_is_reported_once_per_new_graph(
     from dflash_train.pipeline.target_workers import (
         WARM_UP_SHAPES,
         LoadedBatch,
-        _CompileHook,
         _compile_started,
+        _CompileHook,
         forward_to_drafter,
     )
 
