@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from dflash_train.model.compile_watch import watching
 from dflash_train.model.dynamo_limits import allow_recompiles
 
 log = logging.getLogger(__name__)
@@ -295,10 +296,11 @@ def _flex(
     # so a graph made during this call is this call's.
     graphs = counters["stats"]["unique_graphs"]
     start = time.perf_counter()
-    out = kernel(
-        q, k, v, block_mask=layout.block_mask, scale=scale, enable_gqa=True,
-        kernel_options=KERNEL_OPTIONS,
-    )  # fmt: skip
+    with watching("drafter_attention", "drafter attention", tuple(q.shape)):
+        out = kernel(
+            q, k, v, block_mask=layout.block_mask, scale=scale, enable_gqa=True,
+            kernel_options=KERNEL_OPTIONS,
+        )  # fmt: skip
     hook = _FlexState.on_compile
     if hook is not None and counters["stats"]["unique_graphs"] > graphs:
         hook(time.perf_counter() - start, (tuple(q.shape), tuple(k.shape), q.dtype))

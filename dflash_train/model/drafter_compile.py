@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dflash_train.model.compile_watch import watching
 from dflash_train.model.drafter import DFlashDrafter, _unwrap
 
 # The per-instance methods compiled; the drafter's own norms compile their `forward`.
@@ -86,7 +87,8 @@ class _Compiled:
             # call's.
             graphs = counters["stats"]["unique_graphs"]
             start = time.perf_counter()
-            out = self.compiled(first, *rest)
+            with watching("drafter_layers", f"drafter layers' {self.part}", tuple(first.shape)):
+                out = self.compiled(first, *rest)
         if counters["stats"]["unique_graphs"] > graphs:
             hook(time.perf_counter() - start, self.part, tuple(first.shape))
         return out

@@ -8,6 +8,7 @@ static shapes, then to SDPA)."""
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from dflash_train.model.attention_layout import (
     compiles_flex,
     resolve_backend,
 )
+from dflash_train.model.compile_watch import set_start_hook
 from dflash_train.model.drafter_compile import (
     compile_drafter,
     drafter_compile_wanted,
@@ -180,6 +182,18 @@ def _compiled_mid_run(emit: Emit, part: str, what: str, shape: Sequence[int], sp
     )  # fmt: skip
 
 
+def _compiling_mid_run(emit: Emit, part: str, what: str, shape: tuple[int, ...]) -> None:
+    """A compile after the warm-up as it begins: the target's holds its worker and the
+    pool, the drafter's its step, until it ends (then `compiled` says how long)."""
+    waits = "the pool" if part == "target_layers" else "the step"
+    emit(
+        "event", level="info", code="compiling",
+        message=f"{what} compiling mid-run for a shape the warm-up did not cover, "
+        f"{list(shape)}: {waits} waits until it ends",
+        part=part, shape=list(shape),
+    )  # fmt: skip
+
+
 def _compile_failed(emit: Emit, exc: Exception, message: str) -> None:
     """A fallback said twice: on stderr with the whole exception, and as a warning event."""
     print(f"{message}: {exc!r}", file=sys.stderr)
@@ -295,6 +309,7 @@ def compile_before_workers(
     """Compile and warm everything that compiles; emit one `compiled` event (and a warning
     per fallback). Later first-time shapes report their compile through `emit` too."""
     report: dict[str, Any] = {"target_s": None, "drafter_s": None, "shapes": list(shapes)}
+    set_start_hook(None)  # the warm-up's compiles are announced as a whole, not one by one
     device = stepper.device
     flex = compiles_flex(device) and resolve_backend(attention_backend, device) == "flex"
     drafter_layers = drafter_compile_wanted(device, compile_drafter_layers) and bool(shapes)
@@ -323,19 +338,8 @@ def compile_before_workers(
     def on_new_target_shape(spent: float, shape: tuple[int, ...]) -> None:
         _compiled_mid_run(emit, "target_layers", "target layers", shape, spent)
 
-    def on_target_compile_start(shape: tuple[int, ...]) -> None:
-        emit(
-            "event", level="info", code="compiling",
-            message=f"target layers compiling mid-run for a shape the warm-up did not cover, "
-            f"{list(shape)}: the pool waits until it ends",
-            part="target_layers", shape=list(shape),
-        )  # fmt: skip
-
     # None too: a hook left by an earlier run in this process would write to its stream.
-    compiled = report["target_s"] is not None
-    set_target_compile_hook(
-        on_new_target_shape if compiled else None, on_target_compile_start if compiled else None
-    )
+    set_target_compile_hook(on_new_target_shape if report["target_s"] is not None else None)
     if drafter_layers:
         report["drafter_parts_compiled"] = compile_drafter(stepper.drafter)
     if report["target_s"] is not None and (flex or drafter_layers) and shapes:
@@ -365,6 +369,9 @@ def compile_before_workers(
         if shapes:
             _FlexState.on_compile = on_new_shape
             set_compile_hook(on_new_layer_shape)
+    if report["target_s"] is not None or report["drafter_s"] is not None:
+        # From now on a compile is said as it begins too (model/compile_watch.py).
+        set_start_hook(functools.partial(_compiling_mid_run, emit))
     if report["target_s"] is not None or report["drafter_s"] is not None:
         parts = []
         if report["target_s"] is not None:

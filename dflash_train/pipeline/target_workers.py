@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dflash_train.model.compile_guard import GUARD
+from dflash_train.model.compile_watch import watching
 from dflash_train.pipeline.pool import HiddenStatePool, PoolClosed
 
 if TYPE_CHECKING:
@@ -103,42 +104,15 @@ def forward_to_drafter(
 
 
 class _CompileHook:
-    """Told when a target forward starts compiling a graph (a batch shape the warm-up
-    missed), with the batch's (rows, length), and when it has, with the seconds too. Such a
-    compile holds the worker, and with it the pool, for as long as it takes (49 s for a
-    one-row batch of an fp8 target on an H100): the stream should say so as it begins, not
-    go quiet until it ends."""
+    """Told, with the seconds and the batch's (rows, length), when a target forward has
+    compiled a graph (a batch shape the warm-up missed; model/compile_watch.py says it as
+    it begins). Such a compile holds the worker, and with it the pool."""
 
-    on_start: Callable[[tuple[int, ...]], None] | None = None
     on_compile: Callable[[float, tuple[int, ...]], None] | None = None
 
 
-# The batch shape of the target forward running on this thread, while it runs.
-_forward = threading.local()
-
-
-def _compile_started(*_args: Any) -> None:
-    """Dynamo's start-of-compile callback: it runs on the thread that compiles, for a frame
-    it has no graph for. Said once per forward, for a target forward only. (torch 2.5 calls
-    it with no arguments, later releases with the compile's id.)"""
-    shape, hook = getattr(_forward, "shape", None), _CompileHook.on_start
-    if shape is not None and hook is not None:
-        _forward.shape = None
-        hook(shape)
-
-
-def set_target_compile_hook(
-    hook: Callable[[float, tuple[int, ...]], None] | None,
-    on_start: Callable[[tuple[int, ...]], None] | None = None,
-) -> None:
-    import torch
-
-    handler = torch._dynamo.callback_handler
-    if _compile_started in handler.start_callbacks:
-        handler.remove_start_callback(_compile_started)
-    _CompileHook.on_compile, _CompileHook.on_start = hook, on_start
-    if on_start is not None:
-        handler.register_start_callback(_compile_started)
+def set_target_compile_hook(hook: Callable[[float, tuple[int, ...]], None] | None) -> None:
+    _CompileHook.on_compile = hook
 
 
 def _extract(target: Target, batch: Batch, layer_ids: Sequence[int]) -> torch.Tensor:
@@ -151,11 +125,8 @@ def _extract(target: Target, batch: Batch, layer_ids: Sequence[int]) -> torch.Te
     # Module runs are serialised (compile_guard.GUARD): a graph made now is this forward's.
     graphs = counters["stats"]["unique_graphs"]
     start = time.perf_counter()
-    _forward.shape = shape
-    try:
+    with watching("target_layers", "target layers", shape):
         hidden = extract_context(target, batch.input_ids, batch.attention_mask, list(layer_ids))
-    finally:
-        _forward.shape = None
     if hook is not None and counters["stats"]["unique_graphs"] > graphs:
         hook(time.perf_counter() - start, shape)
     return hidden

@@ -13,6 +13,7 @@ from drafter_fixtures import open_cpu_flex_backward, tiny_drafter, tiny_stepper
 from torch._dynamo.utils import counters
 
 from dflash_train.model.attention_layout import _FlexState
+from dflash_train.model.compile_watch import _compile_started, set_start_hook
 from dflash_train.pipeline.compile_warm_up import (
     compile_before_workers,
     drafter_shapes,
@@ -31,10 +32,11 @@ from dflash_train.targets.presets import RANDOM_PRESETS, build_random_model
 
 
 @pytest.fixture(autouse=True)
-def _no_target_compile_hook() -> Iterator[None]:
-    """compile_before_workers leaves its hook for the run's workers: a test's goes with it."""
+def _no_compile_hooks() -> Iterator[None]:
+    """compile_before_workers leaves its hooks for the run's threads: a test's go with it."""
     yield
     set_target_compile_hook(None)
+    set_start_hook(None)
 
 
 def _fresh_tiny_target() -> Target:
@@ -136,8 +138,14 @@ def test_drafter_warm_up_falls_back_to_static_graphs_and_reports_later_compiles(
     assert events[2]["drafter_dynamic"] is False and events[2]["drafter_graphs"] >= 2
     assert drafter.attention_backend == "flex"
     stepper.warm_up([(3, 300)], torch.float32)  # a new shape compiles, and says so
-    assert events[3]["code"] == "compiled" and events[3]["part"] == "drafter_attention"
-    assert events[3]["shape"] == [3, 4, 512, 8]
+    # as it begins (the step waits meanwhile), and when it has ended
+    later = [(e["code"], e["part"], e["shape"]) for e in events[3:]]
+    assert later == [("compiling", "drafter_attention", [3, 4, 512, 8]),
+                     ("compiled", "drafter_attention", [3, 4, 512, 8])]  # fmt: skip
+    assert events[3]["message"] == (
+        "drafter attention compiling mid-run for a shape the warm-up did not cover, "
+        "[3, 4, 512, 8]: the step waits until it ends"
+    )
     torch.compiler.reset()
 
 
@@ -254,7 +262,6 @@ def test_a_target_compile_mid_run_is_reported_once_per_new_graph(
     from dflash_train.pipeline.target_workers import (
         WARM_UP_SHAPES,
         LoadedBatch,
-        _compile_started,
         _CompileHook,
         forward_to_drafter,
     )
@@ -300,7 +307,7 @@ def test_a_target_compile_mid_run_is_reported_once_per_new_graph(
             stepper=tiny_stepper(tiny_drafter(), num_anchors=8), attention_backend="sdpa",
             shapes=[], emit=lambda kind, **fields: None,
         )  # fmt: skip
-        assert _CompileHook.on_compile is None and _CompileHook.on_start is None
+        assert _CompileHook.on_compile is None
         assert _compile_started not in torch._dynamo.callback_handler.start_callbacks
     finally:
         uncompile_target_layers(target)

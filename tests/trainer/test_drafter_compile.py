@@ -172,3 +172,32 @@ def test_a_failed_layer_compile_runs_the_layers_eagerly(monkeypatch: pytest.Monk
     assert not drafter_compiled(drafter) and report["drafter_s"] is None
     assert all(p.grad is None for p in drafter.parameters())  # the failed warm-up's dropped
     stepper.warm_up([(2, 40)], torch.float32)  # and steps still run
+
+
+def test_a_layer_compile_mid_run_is_said_as_it_begins_and_when_it_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A shape the warm-up missed (here one row) compiles in the drafter's step: each compiled
+    stretch says so as its compile begins, then how long it took."""
+    from dflash_train.model.compile_watch import set_start_hook
+
+    _trainer_compiles(monkeypatch, "eager")
+    drafter = tiny_drafter(num_layers=2)
+    stepper = tiny_stepper(drafter, num_anchors=8)
+    events: list[dict[str, Any]] = []
+    try:
+        _warm(stepper, [(2, 70)], events)
+        stepper.warm_up([(1, 40)], torch.float32)
+        later = [(e["code"], e["part"], e["shape"][0]) for e in events[2:]]
+        stretches = ["forward", "attention_inputs", "attention_output_and_mlp"]
+        # Once each (the second layer shares the first one's graphs), begun then ended.
+        assert later == [
+            (code, "drafter_layers", 1) for _ in stretches for code in ("compiling", "compiled")
+        ]
+        begun = [e["message"] for e in events[2:] if e["code"] == "compiling"]
+        assert [m.split(" compiling mid-run")[0] for m in begun] == [
+            f"drafter layers' {part}" for part in stretches
+        ]
+        assert all(m.endswith(": the step waits until it ends") for m in begun)
+    finally:
+        set_start_hook(None)
