@@ -7,11 +7,13 @@ one part's call on one shape; the hook hears of the first compile inside it."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+log = logging.getLogger(__name__)
 # (part, what the message calls it, shape) -> None
 StartHook = Callable[[str, str, tuple[int, ...]], None]
 
@@ -30,7 +32,10 @@ def _compile_started(*_args: Any) -> None:
     what, hook = getattr(_stretch, "what", None), _Hook.on_start
     if what is not None and hook is not None:
         _stretch.what = None  # once per call
-        hook(*what)
+        try:
+            hook(*what)
+        except Exception:  # an announcement that fails must not fail the compile, or the run
+            log.exception("compile_watch: the start hook failed")
 
 
 def set_start_hook(hook: StartHook | None) -> None:
