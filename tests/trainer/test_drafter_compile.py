@@ -201,3 +201,20 @@ def test_a_layer_compile_mid_run_is_said_as_it_begins_and_when_it_ends(
         assert all(m.endswith(": the step waits until it ends") for m in begun)
     finally:
         set_start_hook(None)
+
+
+def test_a_start_hook_that_fails_never_fails_the_compile(caplog: pytest.LogCaptureFixture) -> None:
+    from dflash_train.model.compile_watch import set_start_hook, watching
+
+    def broken(_part: str, _what: str, _shape: tuple[int, ...]) -> None:
+        raise RuntimeError("the stream is gone")
+
+    double = torch.compile(lambda x: x * 2, backend="eager")
+    set_start_hook(broken)
+    try:
+        with watching("drafter_layers", "drafter layers' forward", (3,)):
+            out = double(torch.ones(3))
+    finally:
+        set_start_hook(None)
+    assert out.tolist() == [2.0, 2.0, 2.0]
+    assert "compile_watch: the start hook failed" in caplog.text
