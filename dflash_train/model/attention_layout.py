@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,8 +78,6 @@ class _FlexState:
     # times flex's tile configurations (forward and backward) on the GPU at the first
     # compile of each graph instead of taking the defaults for the head size.
     mode: str | None = None
-    # Called with (seconds, shape key) after a call that compiled a graph.
-    on_compile: Callable[[float, tuple[Any, ...]], None] | None = None
 
 
 def flex_usable(device: torch.device) -> bool:
@@ -280,7 +276,6 @@ def compile_static_shapes() -> None:
 def _flex(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout, scale: float
 ) -> torch.Tensor:
-    from torch._dynamo.utils import counters
     from torch.nn.attention.flex_attention import flex_attention
 
     qp = layout.padded_queries
@@ -292,18 +287,11 @@ def _flex(
         out = flex_attention(q, k, v, block_mask=layout.block_mask, scale=scale, enable_gqa=True)
         return out[:, :, : layout.queries]
     kernel = _compiled_flex(backend)
-    # Dynamo counts the graphs it makes; module runs are serialised (compile_guard.GUARD),
-    # so a graph made during this call is this call's.
-    graphs = counters["stats"]["unique_graphs"]
-    start = time.perf_counter()
     with watching("drafter_attention", "drafter attention", tuple(q.shape)):
         out = kernel(
             q, k, v, block_mask=layout.block_mask, scale=scale, enable_gqa=True,
             kernel_options=KERNEL_OPTIONS,
         )  # fmt: skip
-    hook = _FlexState.on_compile
-    if hook is not None and counters["stats"]["unique_graphs"] > graphs:
-        hook(time.perf_counter() - start, (tuple(q.shape), tuple(k.shape), q.dtype))
     return out[:, :, : layout.queries]
 
 

@@ -18,7 +18,6 @@ starts. The eager path is exactly the uncompiled forward: `uncompile_drafter` re
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,17 +34,6 @@ LAYER_PARTS = ("attention_inputs", "attention_output_and_mlp")
 PROFILER_RANGE = "drafter_pointwise"
 _LABELS = {"attention_inputs": "qkv", "attention_output_and_mlp": "o_mlp", "forward": "norm"}
 Backend = str | Callable[..., Any]  # torch.compile's: a name, or a compiler function (tests)
-
-
-class _CompileHook:
-    """Called with (seconds, part, input shape) after a call that compiled a graph: the
-    trainer reports compiles after its warm-up (each a stall of seconds mid-run)."""
-
-    on_compile: Callable[[float, str, tuple[int, ...]], None] | None = None
-
-
-def set_compile_hook(hook: Callable[[float, str, tuple[int, ...]], None] | None) -> None:
-    _CompileHook.on_compile = hook
 
 
 def _compile_options(backend: Backend) -> dict[str, Any] | None:
@@ -77,21 +65,12 @@ class _Compiled:
         )
 
     def __call__(self, first: torch.Tensor, *rest: Any) -> Any:
-        from torch._dynamo.utils import counters
-
-        hook = _CompileHook.on_compile
-        with torch.profiler.record_function(self.label):
-            if hook is None:
-                return self.compiled(first, *rest)
-            # Module runs are serialised (compile_guard.GUARD): a graph made now is this
-            # call's.
-            graphs = counters["stats"]["unique_graphs"]
-            start = time.perf_counter()
-            with watching("drafter_layers", f"drafter layers' {self.part}", tuple(first.shape)):
-                out = self.compiled(first, *rest)
-        if counters["stats"]["unique_graphs"] > graphs:
-            hook(time.perf_counter() - start, self.part, tuple(first.shape))
-        return out
+        shape = tuple(first.shape)
+        with (
+            torch.profiler.record_function(self.label),
+            watching("drafter_layers", f"drafter layers' {self.part}", shape),
+        ):
+            return self.compiled(first, *rest)
 
 
 def drafter_compile_wanted(device: torch.device, wanted: bool = True) -> bool:

@@ -21,17 +21,15 @@ from dflash_train.model.attention_layout import (
     compiles_flex,
     resolve_backend,
 )
-from dflash_train.model.compile_watch import set_start_hook
+from dflash_train.model.compile_watch import set_hooks
 from dflash_train.model.drafter_compile import (
     compile_drafter,
     drafter_compile_wanted,
     drafter_compiled,
-    set_compile_hook,
     uncompile_drafter,
 )
 from dflash_train.pipeline.target_workers import (
     compile_target_layers,
-    set_target_compile_hook,
     target_compile_wanted,
     uncompile_target_layers,
     warm_up_target,
@@ -309,7 +307,9 @@ def compile_before_workers(
     """Compile and warm everything that compiles; emit one `compiled` event (and a warning
     per fallback). Later first-time shapes report their compile through `emit` too."""
     report: dict[str, Any] = {"target_s": None, "drafter_s": None, "shapes": list(shapes)}
-    set_start_hook(None)  # the warm-up's compiles are announced as a whole, not one by one
+    # The warm-up's compiles are announced as a whole, not one by one; and a hook left by an
+    # earlier run in this process would write to its stream.
+    set_hooks(None, None)
     device = stepper.device
     flex = compiles_flex(device) and resolve_backend(attention_backend, device) == "flex"
     drafter_layers = drafter_compile_wanted(device, compile_drafter_layers) and bool(shapes)
@@ -335,11 +335,6 @@ def compile_before_workers(
         report.setdefault("target_s_each", []).append(round(spent, 2))
         report["target_layers_compiled"] = layers
 
-    def on_new_target_shape(spent: float, shape: tuple[int, ...]) -> None:
-        _compiled_mid_run(emit, "target_layers", "target layers", shape, spent)
-
-    # None too: a hook left by an earlier run in this process would write to its stream.
-    set_target_compile_hook(on_new_target_shape if report["target_s"] is not None else None)
     if drafter_layers:
         report["drafter_parts_compiled"] = compile_drafter(stepper.drafter)
     if report["target_s"] is not None and (flex or drafter_layers) and shapes:
@@ -359,20 +354,11 @@ def compile_before_workers(
             report["drafter_graphs"] = counters["stats"]["unique_graphs"] - graphs
         report["shapes"] = list(shapes)
         report["drafter_layers_compiled"] = drafter_compiled(stepper.drafter)
-
-        def on_new_shape(spent: float, key: tuple[Any, ...]) -> None:
-            _compiled_mid_run(emit, "drafter_attention", "drafter attention", key[0], spent)
-
-        def on_new_layer_shape(spent: float, part: str, shape: tuple[int, ...]) -> None:
-            _compiled_mid_run(emit, "drafter_layers", f"drafter layers' {part}", shape, spent)
-
-        if shapes:
-            _FlexState.on_compile = on_new_shape
-            set_compile_hook(on_new_layer_shape)
     if report["target_s"] is not None or report["drafter_s"] is not None:
-        # From now on a compile is said as it begins too (model/compile_watch.py).
-        set_start_hook(functools.partial(_compiling_mid_run, emit))
-    if report["target_s"] is not None or report["drafter_s"] is not None:
+        # From now on a compile is said as it begins and when it has ended.
+        set_hooks(
+            functools.partial(_compiling_mid_run, emit), functools.partial(_compiled_mid_run, emit)
+        )
         parts = []
         if report["target_s"] is not None:
             each = report["target_s_each"]

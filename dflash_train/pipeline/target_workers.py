@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -103,33 +103,11 @@ def forward_to_drafter(
     )
 
 
-class _CompileHook:
-    """Told, with the seconds and the batch's (rows, length), when a target forward has
-    compiled a graph (a batch shape the warm-up missed; model/compile_watch.py says it as
-    it begins). Such a compile holds the worker, and with it the pool."""
-
-    on_compile: Callable[[float, tuple[int, ...]], None] | None = None
-
-
-def set_target_compile_hook(hook: Callable[[float, tuple[int, ...]], None] | None) -> None:
-    _CompileHook.on_compile = hook
-
-
 def _extract(target: Target, batch: Batch, layer_ids: Sequence[int]) -> torch.Tensor:
-    from torch._dynamo.utils import counters
-
     from dflash_train.targets.frozen_target import extract_context
 
-    hook = _CompileHook.on_compile
-    shape = tuple(batch.input_ids.shape)
-    # Module runs are serialised (compile_guard.GUARD): a graph made now is this forward's.
-    graphs = counters["stats"]["unique_graphs"]
-    start = time.perf_counter()
-    with watching("target_layers", "target layers", shape):
-        hidden = extract_context(target, batch.input_ids, batch.attention_mask, list(layer_ids))
-    if hook is not None and counters["stats"]["unique_graphs"] > graphs:
-        hook(time.perf_counter() - start, shape)
-    return hidden
+    with watching("target_layers", "target layers", tuple(batch.input_ids.shape)):
+        return extract_context(target, batch.input_ids, batch.attention_mask, list(layer_ids))
 
 
 # Batch shapes (rows, length, padded) that the target warm-up runs: the first padded one

@@ -24,6 +24,7 @@ from dflash_train.model.attention_layout import (
     flex_layout,
     resolve_backend,
 )
+from dflash_train.model.compile_watch import set_hooks
 from dflash_train.model.dflash_loss import dflash_forward_loss, linear_cross_entropy, sample_anchors
 from dflash_train.pipeline.compile_warm_up import warm_up_shapes
 
@@ -161,9 +162,12 @@ def test_compiled_flex_warm_up_leaves_no_compile_for_later_rows_and_lengths(
     assert counters["stats"]["unique_graphs"] >= 1
     warm = counters["stats"]["unique_graphs"]
     compiles: list[tuple[int, ...]] = []
-    monkeypatch.setattr(_FlexState, "on_compile", lambda _s, key: compiles.append(key[0]))
-    for seed, (rows, length) in enumerate([(3, 300), (5, 130), (2, 400), (1, 40), (6, 90)]):
-        _assert_flex_equals_dense(drafter, _batch(rows, length, anchors, seed))
+    set_hooks(on_end=lambda _part, _what, shape, _s: compiles.append(shape))
+    try:
+        for seed, (rows, length) in enumerate([(3, 300), (5, 130), (2, 400), (1, 40), (6, 90)]):
+            _assert_flex_equals_dense(drafter, _batch(rows, length, anchors, seed))
+    finally:
+        set_hooks()
     assert counters["stats"]["unique_graphs"] == warm, compiles
     assert not compiles
     torch.compiler.reset()

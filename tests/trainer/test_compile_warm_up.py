@@ -13,7 +13,7 @@ from drafter_fixtures import open_cpu_flex_backward, tiny_drafter, tiny_stepper
 from torch._dynamo.utils import counters
 
 from dflash_train.model.attention_layout import _FlexState
-from dflash_train.model.compile_watch import _compile_started, set_start_hook
+from dflash_train.model.compile_watch import _compile_started, _Hooks, set_hooks
 from dflash_train.pipeline.compile_warm_up import (
     compile_before_workers,
     drafter_shapes,
@@ -22,7 +22,6 @@ from dflash_train.pipeline.compile_warm_up import (
 )
 from dflash_train.pipeline.target_workers import (
     compile_target_layers,
-    set_target_compile_hook,
     target_compile_wanted,
     uncompile_target_layers,
     warm_up_target,
@@ -35,8 +34,7 @@ from dflash_train.targets.presets import RANDOM_PRESETS, build_random_model
 def _no_compile_hooks() -> Iterator[None]:
     """compile_before_workers leaves its hooks for the run's threads: a test's go with it."""
     yield
-    set_target_compile_hook(None)
-    set_start_hook(None)
+    set_hooks()
 
 
 def _fresh_tiny_target() -> Target:
@@ -117,7 +115,6 @@ def test_drafter_warm_up_falls_back_to_static_graphs_and_reports_later_compiles(
     open_cpu_flex_backward(monkeypatch)
     for name, value in [("cpu_backend", _static_only), ("compiled", {}), ("dynamic", None)]:
         monkeypatch.setattr(_FlexState, name, value)
-    monkeypatch.setattr(_FlexState, "on_compile", None)
     torch.compiler.reset()
     drafter = tiny_drafter()
     drafter.attention_backend = "flex"
@@ -223,7 +220,6 @@ def test_the_stream_says_when_the_target_is_done_and_the_drafter_compiles(
     open_cpu_flex_backward(monkeypatch)
     for name, value in [("cpu_backend", "eager"), ("compiled", {}), ("dynamic", None)]:
         monkeypatch.setattr(_FlexState, name, value)
-    monkeypatch.setattr(_FlexState, "on_compile", None)
     monkeypatch.setattr(compile_warm_up, "target_compile_wanted", lambda _t, wanted: wanted)
     compile_eager = functools.partial(compile_target_layers, backend="eager")
     monkeypatch.setattr(compile_warm_up, "compile_target_layers", compile_eager)
@@ -262,7 +258,6 @@ def test_a_target_compile_mid_run_is_reported_once_per_new_graph(
     from dflash_train.pipeline.target_workers import (
         WARM_UP_SHAPES,
         LoadedBatch,
-        _CompileHook,
         forward_to_drafter,
     )
 
@@ -307,7 +302,7 @@ def test_a_target_compile_mid_run_is_reported_once_per_new_graph(
             stepper=tiny_stepper(tiny_drafter(), num_anchors=8), attention_backend="sdpa",
             shapes=[], emit=lambda kind, **fields: None,
         )  # fmt: skip
-        assert _CompileHook.on_compile is None
+        assert _Hooks.on_end is None
         assert _compile_started not in torch._dynamo.callback_handler.start_callbacks
     finally:
         uncompile_target_layers(target)

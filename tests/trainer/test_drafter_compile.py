@@ -15,13 +15,13 @@ from drafter_fixtures import frozen_head, random_context, tiny_drafter, tiny_ste
 from torch._dynamo.utils import counters
 
 from dflash_train.model import drafter_compile
+from dflash_train.model.compile_watch import set_hooks
 from dflash_train.model.dflash_loss import dflash_forward_loss, sample_anchors
 from dflash_train.model.drafter import DFlashDrafter
 from dflash_train.model.drafter_compile import (
     compile_drafter,
     drafter_compile_wanted,
     drafter_compiled,
-    set_compile_hook,
     uncompile_drafter,
 )
 from dflash_train.pipeline import compile_warm_up
@@ -33,7 +33,7 @@ def _fresh_dynamo() -> Any:
     torch.compiler.reset()
     counters.clear()
     yield
-    set_compile_hook(None)
+    set_hooks()
     torch.compiler.reset()
 
 
@@ -110,7 +110,8 @@ def test_one_graph_per_stretch_for_all_rows_and_one_for_single_rows() -> None:
     drafter = tiny_drafter(num_layers=3)
     compile_drafter(drafter, backend="eager")
     seen: list[tuple[str, tuple[int, ...]]] = []
-    set_compile_hook(lambda _s, part, shape: seen.append((part, shape)))
+    stretch = "drafter layers' "
+    set_hooks(on_end=lambda _p, what, shape, _s: seen.append((what.removeprefix(stretch), shape)))
     graphs = []
     for rows, length in [(2, 30), (3, 41), (4, 24), (1, 25), (1, 37), (5, 60)]:
         _step(drafter, rows, length)
@@ -179,8 +180,6 @@ def test_a_layer_compile_mid_run_is_said_as_it_begins_and_when_it_ends(
 ) -> None:
     """A shape the warm-up missed (here one row) compiles in the drafter's step: each compiled
     stretch says so as its compile begins, then how long it took."""
-    from dflash_train.model.compile_watch import set_start_hook
-
     _trainer_compiles(monkeypatch, "eager")
     drafter = tiny_drafter(num_layers=2)
     stepper = tiny_stepper(drafter, num_anchors=8)
@@ -200,21 +199,21 @@ def test_a_layer_compile_mid_run_is_said_as_it_begins_and_when_it_ends(
         ]
         assert all(m.endswith(": the step waits until it ends") for m in begun)
     finally:
-        set_start_hook(None)
+        set_hooks()
 
 
 def test_a_start_hook_that_fails_never_fails_the_compile(caplog: pytest.LogCaptureFixture) -> None:
-    from dflash_train.model.compile_watch import set_start_hook, watching
+    from dflash_train.model.compile_watch import watching
 
     def broken(_part: str, _what: str, _shape: tuple[int, ...]) -> None:
         raise RuntimeError("the stream is gone")
 
     double = torch.compile(lambda x: x * 2, backend="eager")
-    set_start_hook(broken)
+    set_hooks(broken)
     try:
         with watching("drafter_layers", "drafter layers' forward", (3,)):
             out = double(torch.ones(3))
     finally:
-        set_start_hook(None)
+        set_hooks()
     assert out.tolist() == [2.0, 2.0, 2.0]
     assert "compile_watch: the start hook failed" in caplog.text
