@@ -80,7 +80,7 @@ class ProfileRequest:
     out: Path
     compile_layers: bool = True
     flex_autotune: bool = False
-    ce_kernel: str = "inductor"
+    ce_kernel: str = "auto"  # the trainer's default
     tag: str = ""  # names the outputs: profile_<dims>[_<tag>].json, trace_<dims>[_<tag>].json
 
 
@@ -436,8 +436,9 @@ def parse_args(argv: list[str] | None = None) -> ProfileRequest:
         help="compile flex with inductor's max-autotune-no-cudagraphs (times its tile configs)",
     )  # fmt: skip
     p.add_argument(
-        "--ce-kernel", choices=CE_KERNELS, default="inductor",
-        help="the fused cross-entropy's chunk kernel (liger: Liger-Kernel's, where installed)",
+        "--ce-kernel", choices=CE_KERNELS, default="auto",
+        help="the fused cross-entropy's chunk kernel, as the trainer's --ce-kernel (auto: "
+        "Liger-Kernel's where installed, else inductor's)",
     )  # fmt: skip
     p.add_argument("--tag", default="", help="suffix of the output names, e.g. eager")
     a = p.parse_args(argv)

@@ -56,7 +56,9 @@ CATEGORIES = (
 )  # fmt: skip
 # The opaque ops' names as the profiler records them (kernel_ops.py registers them).
 OPAQUE = {"dflash::chunk_gated_delta_rule": "gated_delta_rule", "dflash::causal_conv1d": "conv1d"}
-ATTENTION_WORDS = ("flash", "fmha", "scaled_dot_product", "sdpa", "efficient_attention")
+ATTENTION_WORDS = (
+    "flash", "fmha", "scaled_dot_product", "sdpa", "efficient_attention", "cudnn_attention",
+)  # fmt: skip
 FP8_WORDS = ("amax", "float8", "e4m3", "to_fp8", "_scaled")
 NORM_WORDS = ("rms_norm", "rmsnorm", "rsqrt")
 
@@ -70,10 +72,11 @@ def categorise(item: Item) -> str:
     for op, cat in OPAQUE.items():
         if op in context or op in name:
             return cat
-    if any(w in name for w in GEMM_WORDS) or launcher in MATMUL_OPS | {"_scaled_mm"}:
-        return "matmul"
+    # Attention before matmul: cuDNN's attention kernels carry "wgmma" in their names.
     if any(w in name or w in launcher for w in ATTENTION_WORDS):
         return "attention"
+    if any(w in name for w in GEMM_WORDS) or launcher in MATMUL_OPS | {"_scaled_mm"}:
+        return "matmul"
     if any(w in name or w in launcher for w in FP8_WORDS):
         return "fp8_scaling"
     if any(w in name or w in context for w in NORM_WORDS):
@@ -86,7 +89,8 @@ def categorise(item: Item) -> str:
 
 
 def profile_target(args: argparse.Namespace) -> dict[str, Any]:
-    device = torch.device(args.device)
+    # "cuda" alone has no index, which set_device refuses: the first GPU is the stage's.
+    device = torch.device("cuda:0" if args.device == "cuda" else args.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     target = build_target(args.target, device)

@@ -91,6 +91,9 @@ COMPILED = "torch-compiled region: 1/0 / compiledfxgraph"
                  COMPILED, "aten::_scaled_mm"), "matmul"),
         (_kernel("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<256>>",
                  COMPILED, "aten::_flash_attention_forward"), "attention"),
+        # cuDNN's (an H100's full-attention layers): "wgmma" in the name, yet attention
+        (_kernel("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x256",
+                 COMPILED, "aten::_cudnn_attention_forward"), "attention"),
         (_kernel("triton_red_fused_abs_amax_clamp_0", COMPILED), "fp8_scaling"),
         (_kernel("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_2", COMPILED), "norm"),
         (_kernel("triton_poi_fused_mul_silu_3", COMPILED), "elementwise"),

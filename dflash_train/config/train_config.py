@@ -149,6 +149,12 @@ class ModelOptions:
         "residuals (CUDA drafters only)",
         env="DFLASH_COMPILE_DRAFTER",
     )  # fmt: skip
+    ce_kernel: str = option(
+        "choice", "auto", "the lm_head loss's chunk kernel on a GPU: liger (Liger-Kernel's "
+        "cross-entropy, the liger extra), inductor (compiled), or auto: liger where it is "
+        "installed; a distilled loss always runs inductor's",
+        choices=("auto", "inductor", "liger"),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

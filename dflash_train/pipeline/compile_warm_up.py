@@ -22,6 +22,7 @@ from dflash_train.model.attention_layout import (
     resolve_backend,
 )
 from dflash_train.model.compile_watch import set_hooks
+from dflash_train.model.dflash_loss import ce_kernel_in_use
 from dflash_train.model.drafter_compile import (
     compile_drafter,
     drafter_compile_wanted,
@@ -65,6 +66,7 @@ def kernels_in_use(
     compile_target: bool = True,
     target_dtype: str = "bf16",
     compile_drafter: bool = True,
+    distill: float = 0.0,
 ) -> dict[str, Any]:
     """What run_start reports: which implementation each hot part runs; per target layer
     type, which kernel each of its parts runs (linear_attention.layer_paths). Compiled parts
@@ -79,6 +81,7 @@ def kernels_in_use(
             "compiled" if drafter_compile_wanted(drafter_device, compile_drafter) else "eager"
         ),
         "lm_head_loss": "fused_chunked_ce",
+        "ce_kernel": ce_kernel_in_use(drafter_device, distill),
         "target_layers": "compiled" if compiled else "eager",
         "target_dtype": target_dtype,
         "target_layer_paths": layer_paths(targets[0]) if targets else None,

@@ -126,6 +126,12 @@ class TrainingRun:
         self.device = torch.device(drafters[self.rank.rank])
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        from dflash_train.model.dflash_loss import ce_kernel_refusal, set_ce_kernel
+
+        refusal = ce_kernel_refusal(config.model.ce_kernel, self.device)
+        if refusal is not None:  # before any data or model is loaded
+            raise ValueError(refusal)
+        set_ce_kernel(config.model.ce_kernel)
         if self.rank.distributed:
             self.group = RankGroup(self.rank, self.device)
         self.target_devices = [
@@ -389,6 +395,7 @@ class TrainingRun:
         kernels = kernels_in_use(
             self.drafter.attention_backend, self.device, self.targets, compile_target,
             self.config.pipeline.target_dtype, self.config.model.compile_drafter,
+            self.config.optimiser.distill,
         )  # fmt: skip
         self.writer.write(
             "run_start",

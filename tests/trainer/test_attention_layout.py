@@ -16,12 +16,14 @@ from drafter_fixtures import (
     tiny_stepper,
 )
 
-from dflash_train.model import dflash_loss
+from dflash_train.model import dflash_loss, liger_ce
 from dflash_train.model.attention_layout import (
+    KERNEL_OPTIONS,
     TILE,
     _FlexState,
     dense_mask,
     flex_layout,
+    kernel_options,
     resolve_backend,
 )
 from dflash_train.model.compile_watch import set_hooks
@@ -220,14 +222,36 @@ def test_fused_cross_entropy_equals_plain_cross_entropy(
 
 
 def test_ce_kernel_choice() -> None:
-    """An unknown kernel is refused by name; liger is never picked on a CPU."""
-    with pytest.raises(ValueError, match="ce kernel: 'apex' is not one of inductor, liger"):
+    """An unknown kernel is refused by name; liger is never picked on a CPU, nor for a
+    distilled loss; an explicit liger where it cannot run is refused in one line."""
+    with pytest.raises(ValueError, match="ce kernel: 'apex' is not one of auto, inductor, liger"):
         dflash_loss.set_ce_kernel("apex")
-    dflash_loss.set_ce_kernel("liger")
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    liger = liger_ce.available()  # liger-kernel, Triton and a GPU
     try:
-        assert not dflash_loss._use_liger(torch.zeros(2, 3), None)
-    finally:
+        for name in ("liger", "auto"):
+            dflash_loss.set_ce_kernel(name)
+            assert not dflash_loss._use_liger(torch.zeros(2, 3), None)
+            assert dflash_loss.ce_kernel_in_use(cpu) == "eager"
+            assert dflash_loss.ce_kernel_in_use(gpu) == ("liger" if liger else "inductor")
+            assert dflash_loss.ce_kernel_in_use(gpu, distill=0.5) == "inductor"
         dflash_loss.set_ce_kernel("inductor")
+        assert dflash_loss.ce_kernel_in_use(gpu) == "inductor"
+    finally:
+        dflash_loss.set_ce_kernel("auto")
+    assert dflash_loss.ce_kernel_refusal("auto", cpu) is None
+    assert dflash_loss.ce_kernel_refusal("inductor", cpu) is None
+    if not liger:
+        assert dflash_loss.ce_kernel_refusal("liger", cpu) == (
+            "ce_kernel (--ce-kernel): liger runs on a GPU; the drafter is on cpu"
+        )
+
+
+def test_wide_heads_take_eight_backward_warps() -> None:
+    """Measured on the trainer's own mask (bench/flex_tiles.py): 27 % off flex's backward at
+    head_dim 256, bit-identical; nothing at 128, so smaller heads keep torch's choice."""
+    assert kernel_options(256) == {**KERNEL_OPTIONS, "bwd_num_warps": 8}
+    assert kernel_options(128) == kernel_options(64) == KERNEL_OPTIONS == {"IS_DIVISIBLE": True}
 
 
 def test_cpu_auto_is_sdpa_and_unknown_backends_are_refused() -> None:

@@ -153,6 +153,7 @@ def test_kernels_in_use_on_the_cpu() -> None:
         "attention": "sdpa",
         "drafter_layers": "eager",
         "lm_head_loss": "fused_chunked_ce",
+        "ce_kernel": "eager",
         "target_layers": "eager",
         "target_dtype": "bf16",
         "target_layer_paths": {"full_attention": {"attention": "sdpa"}},

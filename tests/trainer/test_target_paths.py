@@ -109,6 +109,23 @@ def test_fp8_on_the_cpu_is_refused_in_one_line(tmp_path: Path, prepared_data_dir
     assert done.returncode == 2 and "target_dtype" in done.stderr and "fp16" in done.stderr
 
 
+def test_an_explicit_liger_loss_on_the_cpu_is_refused_in_one_line(
+    tmp_path: Path, prepared_data_dir: Path
+) -> None:
+    """auto runs Liger's loss kernel where it can and inductor's elsewhere; asking for liger
+    where it cannot run stops the run before anything loads."""
+    run_dir = tmp_path / "run"
+    done = run_train(train_argv("smollm2", prepared_data_dir, run_dir, "--ce-kernel", "liger"))
+    assert done.returncode == 1  # found when the drafter's device is known, as a GPU's fp8 is
+    assert done.stderr.strip().splitlines() == [
+        "dflash-train train: ce_kernel (--ce-kernel): liger runs on a GPU; the drafter is on cpu"
+    ]
+    # The stream, all a console has, ends with the reason.
+    (end,) = status_lines(run_dir)
+    assert end.kind == "run_end" and end["reason"] == "error"
+    assert end["error_tail"].endswith("liger runs on a GPU; the drafter is on cpu")
+
+
 def test_fp8_leaves_the_process_compile_settings_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     """torchao's quantize_ turns on inductor's coordinate-descent tuning and TF32 float32
     matmuls for the whole process unless told not to: every later compile (the drafter's
