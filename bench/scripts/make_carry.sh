@@ -103,7 +103,7 @@ CALLS=(
   "target_stage carry fidelity: .weights28/p/part-ac"
   "target_stage plan: .whl .bench_tok"
   "target_stage launch: .whl .bench_tok"
-  "target_stage hybrid target_profile ce: .whl"
+  "target_stage hybrid target_profile ce profile: .whl"
   "quality carry: .whl15 .weights15/p3/part-aa .weights15/gguf.sha256"
   "quality carry: .weights15/p3/part-ab"
   "quality data: .weights15/p3/part-ac"

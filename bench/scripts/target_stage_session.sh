@@ -37,8 +37,9 @@
 #             8x2048 and Qwen3.6-27B 4x2048 (goal 3), the drafter layers compiled and eager,
 #             and at both dims flex autotuned (PROFILE_RUNS, the 8B one last: compiled, 8B dims
 #             were 18 ms short of goal 3; ~7 min, 7 files: the summaries and profile.log).
-#             Needs no carry. PROFILE_ARGS adds arguments: on a CPU, "--device cpu --smoke
-#             --attention sdpa" runs the stage at tiny dims
+#             Carry .whl (liger-kernel: the trainer's loss kernel where installed).
+#             PROFILE_ARGS adds arguments: on a CPU, "--device cpu --smoke --attention
+#             sdpa" runs the stage at tiny dims
 # Usage (repo root): OUT=/tmp/out bash bench/scripts/target_stage_session.sh carry stage
 # Carry (ignored by git): .whl/ (flash-linear-attention==0.6.0 fla-core==0.6.0 torchao==0.17.0
 # gguf==0.19.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 platformdirs liger-kernel==0.8.5), and one of
@@ -52,9 +53,10 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export DFLASH_CACHE_DIR=${DFLASH_CACHE_DIR:-/tmp/dflash_cache}
 SECONDS=0
 say() { echo "== [$SECONDS s] $*"; }
-# The profile and flex_tiles stages run on the image's torch alone: a call of only those
-# needs no wheels.
-case "$*" in profile | flex_tiles | "flex_tiles profile") wheels=no ;; *) wheels=yes ;; esac
+# flex_tiles runs on the image's torch alone: a call of only that needs no wheels. The
+# profile stage needs liger-kernel (.whl), since the trainer's loss runs Liger's kernel
+# wherever it is installed.
+case "$*" in flex_tiles) wheels=no ;; *) wheels=yes ;; esac
 if [ "$wheels" = yes ] && [ ! -f /tmp/site28/.done ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site28 \
     .whl/*.whl && touch /tmp/site28/.done || exit 1
