@@ -439,7 +439,7 @@ def test_a_long_evaluation_keeps_the_run_alive_in_the_stream(
     run_dir = tmp_path / "run"
     argv = train_argv(
         smollm2_spec, heldout_data, run_dir, "--pipeline", "sync", "--max-steps", "1",
-        "--eval-every", "1", "--eval-prompts", "2", "--eval-tokens", "96",
+        "--eval-every", "1", "--eval-prompts", "1", "--eval-tokens", "64",
         "--stall-after", "3",
     )  # fmt: skip
     done = run_train(argv, timeout=600)
