@@ -43,23 +43,29 @@ def rank_from_env() -> RankInfo | None:
 
 
 class RankPrefixedStream:
-    """Every line written gets "[rank N] " in front: all ranks share train.log, and without it
-    an operator reads each message twice with no way to tell whose it is (seen on 2 H200s)."""
+    """What a rank of a run of several writes to the train.log all ranks share: each line
+    reaches it whole, in one write, with "[rank N] " in front (nothing for rank 0). Without
+    the prefix an operator reads each message twice with no way to tell whose it is (seen
+    on 2 H200s). print() writes the text and its newline apart, which under
+    PYTHONUNBUFFERED (launch sets it) are two writes another rank's line can land between:
+    "[rank 1] run_end: completed at step 3run_end: completed at step 3" (seen in the suite)."""
 
     def __init__(self, stream: Any, rank: int) -> None:
         self._stream = stream
-        self._prefix = f"[rank {rank}] "
-        self._at_line_start = True
+        self._prefix = f"[rank {rank}] " if rank else ""
+        self._partial = ""  # the text after the last newline, held until its own comes
 
     def write(self, text: str) -> int:
-        out = []
-        for piece in text.splitlines(keepends=True):
-            if self._at_line_start:
-                out.append(self._prefix)
-            out.append(piece)
-            self._at_line_start = piece.endswith("\n")
-        self._stream.write("".join(out))
+        *lines, self._partial = (self._partial + text).split("\n")
+        if lines:
+            self._stream.write("".join(f"{self._prefix}{line}\n" for line in lines))
         return len(text)
+
+    def flush(self) -> None:
+        if self._partial:  # asked for (or the interpreter's exit): a line with no newline
+            self._stream.write(self._prefix + self._partial)
+            self._partial = ""
+        self._stream.flush()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

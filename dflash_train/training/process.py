@@ -69,7 +69,7 @@ def train(config: TrainConfig) -> int:
         children = spawn_other_ranks(_train_argv(), len(drafter_devices))
         rank = rank_from_env()
     rank = rank or RankInfo(0, 1, 0)
-    if rank.rank > 0:
+    if rank.world_size > 1:
         sys.stderr = RankPrefixedStream(sys.stderr, rank.rank)  # type: ignore[assignment]
     # The loader already took $DFLASH_RUN_ID (launch sets it) when no --run-id was given.
     run_id = config.run.run_id or uuid.uuid4().hex[:12]

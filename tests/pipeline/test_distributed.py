@@ -64,12 +64,34 @@ def test_rank_prefix_marks_every_line_once_however_it_is_written() -> None:
 
     from dflash_train.pipeline.distributed import RankPrefixedStream
 
-    sink = io.StringIO()
+    class Sink(io.StringIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.writes: list[str] = []
+
+        def write(self, text: str) -> int:
+            self.writes.append(text)
+            return super().write(text)
+
+    sink = Sink()
     stream = RankPrefixedStream(sink, 2)
     for piece in ("a", "\n", "b\nc", "\n", "", "d\n\n"):
         stream.write(piece)  # print() writes the text and the newline apart
     assert sink.getvalue() == "[rank 2] a\n[rank 2] b\n[rank 2] c\n[rank 2] d\n[rank 2] \n"
+    # Each line in one write, its newline with it: another rank's line can come between
+    # two lines, never inside one.
+    assert all(write.endswith("\n") for write in sink.writes)
+    assert sink.writes[:2] == ["[rank 2] a\n", "[rank 2] b\n"]
+    stream.write("e")  # a line with no newline yet waits for one, or for flush (the exit's)
+    assert sink.getvalue().endswith("[rank 2] \n")
+    stream.flush()
+    assert sink.getvalue().endswith("[rank 2] \n[rank 2] e")
     assert stream.getvalue() == sink.getvalue()  # everything else goes to the real stream
+    rank0 = Sink()
+    zero = RankPrefixedStream(rank0, 0)
+    zero.write("run_end: completed at step 3")
+    zero.write("\n")
+    assert rank0.writes == ["run_end: completed at step 3\n"]  # no prefix, one write
 
 
 def _train(
