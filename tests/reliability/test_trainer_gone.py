@@ -41,17 +41,23 @@ CRASH_WITHIN_S = 10.0
 def delete_while_written(path: Path, within: float = 60.0) -> None:
     """`rm -rf` of a dir a process is writing into, as an operator would run it again: a
     file the trainer adds (its checkpoint in flight) while rmtree empties a directory makes
-    that directory "not empty" once; delete again until the tree is gone."""
+    that directory "not empty" once, and one it renames (a finished checkpoint's folder)
+    is "not found" though the tree is still there (seen in the suite: run.lock and the
+    checkpoint folder were left, and read as recreated); delete again until the tree is
+    gone."""
     deadline = time.monotonic() + within
     while True:
         try:
             shutil.rmtree(path)
             return
         except FileNotFoundError:
-            return
+            if not path.exists():
+                return
         except OSError as exc:
-            if exc.errno != errno.ENOTEMPTY or time.monotonic() > deadline:
+            if exc.errno != errno.ENOTEMPTY:
                 raise
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} still there after {within:.0f} s of rm -rf")
 
 
 class CountingSsh(SshTransport):
