@@ -19,6 +19,10 @@ from dflash_train.pipeline import split_plan
 from dflash_train.stream.writer import StatusWriter
 
 TOKENS = 8192
+# One thread for the calibration's trainer, as tests/trainer/train_process.py gives its runs:
+# on a shared 2-core box its two OpenMP threads spin against the other workers' (the real
+# calibration took 103 s in the suite with them, 13 s without).
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def _plan(
@@ -26,7 +30,7 @@ def _plan(
 ) -> tuple[int, dict | str]:
     done = subprocess.run(
         [sys.executable, "-m", "dflash_train", "plan", *argv],
-        capture_output=True, text=True, timeout=timeout, env=env,
+        capture_output=True, text=True, timeout=timeout, env=(env or os.environ) | ONE_THREAD,
     )  # fmt: skip
     out = done.stdout.strip()
     return done.returncode, (json.loads(out) if out.startswith("{") else out)
@@ -253,6 +257,7 @@ def test_plan_stopped_while_calibrating_stops_its_trainer(
             "smollm2", "--data-dir", str(prepared_data_dir), *CPU_TINY.argv(), "--epochs", "1000",
         ],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env=os.environ | ONE_THREAD,
     )  # fmt: skip
     deadline = time.monotonic() + 300
     trainer = None
