@@ -54,18 +54,28 @@ class RankPrefixedStream:
         self._stream = stream
         self._prefix = f"[rank {rank}] " if rank else ""
         self._partial = ""  # the text after the last newline, held until its own comes
+        self._mid_line = False  # a flush wrote part of the line: its rest takes no prefix
 
     def write(self, text: str) -> int:
         *lines, self._partial = (self._partial + text).split("\n")
         if lines:
-            self._stream.write("".join(f"{self._prefix}{line}\n" for line in lines))
+            first, *rest = lines
+            whole = [f"{self._head()}{first}\n", *(f"{self._prefix}{line}\n" for line in rest)]
+            self._mid_line = False
+            self._stream.write("".join(whole))
         return len(text)
 
     def flush(self) -> None:
-        if self._partial:  # asked for (or the interpreter's exit): a line with no newline
-            self._stream.write(self._prefix + self._partial)
+        # Asked for (a progress bar redrawing its line with "\r", or the interpreter's
+        # exit): what there is of the line goes out now.
+        if self._partial:
+            self._stream.write(self._head() + self._partial)
             self._partial = ""
+            self._mid_line = True
         self._stream.flush()
+
+    def _head(self) -> str:
+        return "" if self._mid_line else self._prefix
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

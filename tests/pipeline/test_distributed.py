@@ -86,6 +86,11 @@ def test_rank_prefix_marks_every_line_once_however_it_is_written() -> None:
     assert sink.getvalue().endswith("[rank 2] \n")
     stream.flush()
     assert sink.getvalue().endswith("[rank 2] \n[rank 2] e")
+    for piece in ("\rf", "\n"):  # a progress bar: its redraws and end stay on its line
+        stream.write(piece)
+        stream.flush()
+    stream.write("g\n")
+    assert sink.getvalue().endswith("[rank 2] \n[rank 2] e\rf\n[rank 2] g\n")
     assert stream.getvalue() == sink.getvalue()  # everything else goes to the real stream
     rank0 = Sink()
     zero = RankPrefixedStream(rank0, 0)
