@@ -152,32 +152,36 @@ def test_restart_set_applies_any_option_on_resume_and_refuses_before_stopping(
     most = reached + 25
     rc, back = cli(
         "restart", str(run_dir), "--wait", "180",
-        "--set", "epochs=7", "--set", "lr=1e-4", "--set", f"max_steps={most}", timeout=240,
+        "--set", "epochs=20", "--set", "lr=1e-4", "--set", f"max_steps={most}", timeout=240,
     )  # fmt: skip
     assert rc == 0 and back.ok, back
     assert back.data["resumed_from"] and back.data["run_id"] == launched.data["run_id"]
     assert back.data["changed"] == {
-        "epochs": {"from": 1000, "to": 7},
+        "epochs": {"from": 1000, "to": 20},
         "max_steps": {"from": None, "to": most},
         "lr": {"from": 6e-4, "to": 1e-4},
     }
-    changed = f"; changed epochs 1000→7, max_steps unset→{most}, lr 0.0006→0.0001"
+    changed = f"; changed epochs 1000→20, max_steps unset→{most}, lr 0.0006→0.0001"
     assert changed in back.data["message"]
     assert back.data["carried"] == {"hs_min_ready": {"from": 3, "to": 5}}
     assert "; kept live hs_min_ready 5 (recorded 3)" in back.data["message"]
     assert back.data["train_args"][-2:] == ["--resume-from", "latest"]
     again = read_json(run_dir / "config.json")
-    assert again["config"]["optimiser"]["epochs"] == 7 and again["sources"]["epochs"] == "set"
+    assert again["config"]["optimiser"]["epochs"] == 20 and again["sources"]["epochs"] == "set"
     _wait(run_dir, lambda ls: ls[-1].kind == "run_end", "run_end")
     lines = _lines(run_dir)
     starts = [i for i, line in enumerate(lines) if line.kind == "run_start"]
     first, resumed = lines[starts[0]], lines[starts[-1]]
     assert resumed["resumed_from"] == back.data["resumed_from"]
     assert 0 < resumed["start_step"] < most, "stopped too late to see the new max_steps"
-    assert (resumed["config"]["epochs"], resumed["config"]["lr"]) == (7, 1e-4)
+    assert (resumed["config"]["epochs"], resumed["config"]["lr"]) == (20, 1e-4)
     assert resumed["config"]["hs_min_ready"] == 5 and again["sources"]["hs_min_ready"] == "live"
-    # The schedule ends at max_steps or at 7 epochs, whichever comes first.
-    total = min(most, 7 * first["batches_per_epoch"])
+    # The schedule ends at max_steps, well inside 20 epochs. (Not "whichever comes first"
+    # with 7: epochs differ by a batch or two, as buckets are cut afresh each epoch, so 7
+    # epochs are not 7 x the first one's batches; a quiet CI reached far enough for that
+    # bound to bind and read 44 steps against 42.)
+    assert most < 10 * first["batches_per_epoch"]
+    total = most
     assert resumed["total_steps"] == total and first["total_steps"] > total
     # The new peak lr is the one trained with (the checkpoint carried the old one).
     before = [x["lr"] for x in lines[starts[0] : starts[-1]] if x.kind == "step"]
