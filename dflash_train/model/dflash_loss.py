@@ -177,18 +177,21 @@ def ce_kernel_refusal(name: str, device: torch.device) -> str | None:
     return "ce_kernel (--ce-kernel): liger needs liger-kernel (pip install 'dflash[liger]')"
 
 
+def _liger_runs(cuda: bool, distilled: bool) -> bool:
+    """The one rule for Liger's kernel: a GPU, no teacher (a distilled loss mixes in the
+    target's distribution, which only inductor's kernel does), not turned off, installed."""
+    return cuda and not distilled and _ce_kernel != "inductor" and liger_ce.available()
+
+
 def ce_kernel_in_use(device: torch.device, distill: float = 0.0) -> str:
-    """What makes the loss chunks on `device`: liger, inductor (compiled) or eager (the CPU).
-    A distilled loss mixes in the target's distribution, which only inductor's kernel does."""
+    """What makes the loss chunks on `device`: liger, inductor (compiled) or eager (the CPU)."""
     if device.type != "cuda":
         return "eager"
-    if _ce_kernel != "inductor" and distill == 0 and liger_ce.available():
-        return "liger"
-    return "inductor"
+    return "liger" if _liger_runs(True, distill > 0) else "inductor"
 
 
 def _use_liger(logits: torch.Tensor, teacher: torch.Tensor | None) -> bool:
-    return _ce_kernel != "inductor" and teacher is None and logits.is_cuda and liger_ce.available()
+    return _liger_runs(logits.is_cuda, teacher is not None)
 
 
 def _chunk_kernel(logits: torch.Tensor, eager: Any) -> Any:
