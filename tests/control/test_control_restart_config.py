@@ -181,11 +181,10 @@ def test_restart_set_applies_any_option_on_resume_and_refuses_before_stopping(
     # epochs are not 7 x the first one's batches; a quiet CI reached far enough for that
     # bound to bind and read 44 steps against 42.)
     assert most < 10 * first["batches_per_epoch"]
-    total = most
-    assert resumed["total_steps"] == total and first["total_steps"] > total
+    assert resumed["total_steps"] == most and first["total_steps"] > most
     # The new peak lr is the one trained with (the checkpoint carried the old one).
     before = [x["lr"] for x in lines[starts[0] : starts[-1]] if x.kind == "step"]
     after = [x["lr"] for x in lines[starts[-1] :] if x.kind == "step"]
     assert before and min(before) > 1e-4 and after and max(after) <= 1e-4
     end = lines[-1]
-    assert (end["reason"], end["step"]) == ("completed", total)
+    assert (end["reason"], end["step"]) == ("completed", most)
