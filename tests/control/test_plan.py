@@ -212,10 +212,18 @@ def test_plan_measures_both_rates_with_a_real_calibration_run(
     assert (measured["target_device"], measured["drafter_device"]) == ("cpu", "cpu")
     assert measured["pipeline"] == "sync" and measured["train_exit"] is None
     assert measured["steps"] >= 1 and measured["run_dir"] == str(keep)
-    assert "3 profile lines" in reply["rates"]["source"] and reply["rates"]["notes"] == []
     assert len(reply["splits"]) == 3 and reply["target_model"] == "smollm2"
     # The calibration ran the recipe (plan's --target-model passed on), stopped by a signal.
     lines = split_plan.read_stream(keep / "status.jsonl")
+    # It waited for 3 profile lines after the first; the step its stop lets end may write one
+    # more (a CPU step can outlast the 1 s interval), and the rates hold every line there is.
+    usable = [
+        line for line in lines
+        if line.kind == "profile" and line["stages_ms"].get(split_plan.TARGET_STAGE)
+        and line["stages_ms"].get(split_plan.DRAFTER_STAGES[0])
+    ]  # fmt: skip
+    assert len(usable) - 1 >= 3 and reply["rates"]["notes"] == []
+    assert f": {len(usable) - 1} profile lines," in reply["rates"]["source"]
     start = next(line for line in lines if line.kind == "run_start")
     assert start["config"]["target_model"] == "smollm2" and start["config"]["draft_layers"] == 1
     assert start["config"]["eval_every"] == 0 and start["topology"]["pipeline"] == "sync"
