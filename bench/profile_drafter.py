@@ -2,7 +2,8 @@
 Qwen3.6-27B dims, warmed up so compiling and autotuning stay outside, then a few steps under
 torch.profiler. Writes the chrome trace and a summary: device kernel time per category
 (matmul, attention, loss, norm, elementwise, optimizer, communication, memcpy_memset, other),
-the top kernels, the idle gap (step wall time not covered by any kernel: the launch-bound
+the top kernels (each with its call sites: the ops around its launch and the launching op's
+input shapes, which say whose a copy or pointwise kernel is), the idle gap (step wall time not covered by any kernel: the launch-bound
 part) and the useful-FLOP share of the step by speed_drafter's count.
 
 One GPU: `python bench/profile_drafter.py --dims qwen3-8b --out DIR`. On a CPU
@@ -41,6 +42,7 @@ GZIP_ABOVE = 4 << 20  # the device hands back files of at most 16 MiB
 HOST_CATS = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"}
 DEVICE_CATS = {"kernel", "cuda_kernel", "gpu_memcpy", "gpu_memset"}
 BACKWARD_NODE = "autograd::engine::evaluate_function:"
+SITES = 3  # call sites kept per top kernel
 
 # Matched against a kernel's name, or on the CPU an op's name. cuBLAS on Hopper names most
 # GEMMs nvjet_* (no "gemm" in them); fmha_cutlass* is attention, so attention is tried first.
@@ -95,6 +97,7 @@ class Item:
     context: str  # the enclosing ops and ranges, then the forward op's for backward work
     launcher: str  # the innermost op that launched it
     device_cat: str
+    dims: str = ""  # the launching op's input shapes (record_shapes), e.g. "[[4096, 512], []]"
 
 
 def _bare(op: str) -> str:
@@ -135,6 +138,7 @@ class _Frame:
     forward: tuple[str, ...]  # for work inside a backward node: its forward op's path
     backward: bool
     op: bool
+    dims: str = ""
     child_us: float = 0.0
 
 
@@ -147,7 +151,7 @@ def read_trace(events: list[dict[str, Any]]) -> tuple[list[Item], list[Item], li
     host.sort(key=lambda e: (e["ts"], -e.get("dur", 0.0)))
     stacks: dict[tuple[Any, Any], list[_Frame]] = defaultdict(list)
     forward: dict[int, tuple[str, ...]] = {}
-    launches: dict[int, tuple[str, str]] = {}
+    launches: dict[int, tuple[str, str, str]] = {}
     ops: list[Item] = []
     steps: list[float] = []
 
@@ -155,7 +159,7 @@ def read_trace(events: list[dict[str, Any]]) -> tuple[list[Item], list[Item], li
         if frame.op:
             ops.append(Item(frame.name, frame.dur - frame.child_us, frame.start,
                             frame.start + frame.dur, _context(frame.path, frame.forward),
-                            frame.name, "cpu_op"))  # fmt: skip
+                            frame.name, "cpu_op", frame.dims))  # fmt: skip
 
     for e in host:
         ts, dur, cat, args = e["ts"], e.get("dur", 0.0), e["cat"], e.get("args", {})
@@ -167,8 +171,9 @@ def read_trace(events: list[dict[str, Any]]) -> tuple[list[Item], list[Item], li
             parent.child_us += dur
         if cat in ("cuda_runtime", "cuda_driver"):
             if "correlation" in args and parent is not None:
-                launcher = next((f.name for f in reversed(stack) if f.op), parent.name)
-                launches[args["correlation"]] = (_context(parent.path, parent.forward), launcher)
+                op = next((f for f in reversed(stack) if f.op), parent)
+                context = _context(parent.path, parent.forward)
+                launches[args["correlation"]] = (context, op.name, op.dims)
             continue
         name = e["name"]
         if cat == "user_annotation" and name.startswith("ProfilerStep#"):
@@ -180,7 +185,8 @@ def read_trace(events: list[dict[str, Any]]) -> tuple[list[Item], list[Item], li
             fwd, backward = forward.get(seq, ()) if seq is not None else (), True
         elif seq is not None and not backward:
             forward[seq] = path  # the last (innermost) op with this number made the node
-        stack.append(_Frame(name, ts, dur, path, fwd, backward, cat == "cpu_op"))
+        dims = json.dumps(args["Input Dims"]) if "Input Dims" in args else ""
+        stack.append(_Frame(name, ts, dur, path, fwd, backward, cat == "cpu_op", dims))
     for stack in stacks.values():
         while stack:
             close(stack.pop())
@@ -188,14 +194,28 @@ def read_trace(events: list[dict[str, Any]]) -> tuple[list[Item], list[Item], li
     for e in events:
         if e.get("ph") != "X" or e.get("cat") not in DEVICE_CATS:
             continue
-        context, launcher = launches.get(e.get("args", {}).get("correlation", -1), ("", ""))
+        launched = launches.get(e.get("args", {}).get("correlation", -1), ("", "", ""))
+        context, launcher, dims = launched
         kernels.append(Item(e["name"], e.get("dur", 0.0), e["ts"], e["ts"] + e.get("dur", 0.0),
-                            context, launcher, e["cat"]))  # fmt: skip
+                            context, launcher, e["cat"], dims))  # fmt: skip
     return kernels, ops, steps
 
 
 def _context(path: tuple[str, ...], fwd: tuple[str, ...]) -> str:
     return (" / ".join(path) + (" <- " + " / ".join(fwd) if fwd else "")).lower()
+
+
+def site(item: Item, depth: int = 4) -> str:
+    """Where a kernel came from, short enough to read in a table: the last `depth` ops and
+    ranges around its launch, and for backward work the last `depth` of its forward op's
+    (the step's ProfilerStep#N left out, so one call site is one site at every step)."""
+
+    def tail(path: str) -> str:
+        parts = [p for p in path.split(" / ") if p and not p.startswith("profilerstep#")]
+        return " / ".join(parts[-depth:])
+
+    here, _, forward = item.context.partition(" <- ")
+    return tail(here) + (" <- " + tail(forward) if forward else "")
 
 
 def union_us(items: list[Item]) -> float:
@@ -222,15 +242,22 @@ def summarise(
     n = max(1, len(step_walls_us))
     wall_ms = sum(step_walls_us) / n / 1e3
     per_cat: dict[str, float] = dict.fromkeys(categories, 0.0)
-    by_name: dict[tuple[str, str], list[Any]] = {}  # one name may launch in several places
+    # One name may launch in several places: its time per launcher, and per call site and
+    # launching shapes (what says which copy or pointwise kernel is whose).
+    by_name: dict[tuple[str, str], list[Any]] = {}
     by_launcher: dict[str, float] = defaultdict(float)
     for item in items:
         cat = categorise(item)
         per_cat[cat] += item.us
-        entry = by_name.setdefault((item.name, cat), [0.0, 0, defaultdict(float)])
+        entry = by_name.setdefault(
+            (item.name, cat), [0.0, 0, defaultdict(float), defaultdict(lambda: [0.0, 0])]
+        )
         entry[0] += item.us
         entry[1] += 1
         entry[2][item.launcher or "?"] += item.us
+        at = entry[3][(site(item), item.dims)]
+        at[0] += item.us
+        at[1] += 1
         by_launcher[item.launcher or "?"] += item.us
     kernel_ms = sum(per_cat.values()) / n / 1e3
     busy_ms = union_us(items) / n / 1e3
@@ -255,8 +282,19 @@ def summarise(
                 "calls_per_step": round(calls / n, 2),
                 "share": round(us / n / 1e3 / wall_ms, 4),
                 "launched_by": max(launchers, key=launchers.get),
+                "sites": [
+                    {
+                        "at": at,
+                        "dims": dims,
+                        "ms_per_step": round(site_us / n / 1e3, 3),
+                        "calls_per_step": round(site_calls / n, 2),
+                    }
+                    for (at, dims), (site_us, site_calls) in sorted(
+                        sites.items(), key=lambda kv: -kv[1][0]
+                    )[:SITES]
+                ],
             }
-            for (name, cat), (us, calls, launchers) in ranked
+            for (name, cat), (us, calls, launchers, sites) in ranked
         ],
         "top_launching_ops": [
             {"op": op, "ms_per_step": round(us / n / 1e3, 3)}
@@ -401,6 +439,10 @@ def print_top(result: dict[str, Any], width: int = 12) -> None:
     for k in result["top_kernels"][:10]:
         print(f"  {k['ms_per_step']:>9.2f} ms {k['calls_per_step']:>7.1f}x "
               f"{k['category']:<{width}} {k['name'][:70]}")  # fmt: skip
+        for at in k.get("sites", [])[:SITES]:
+            print(
+                f"  {'':>9}    {at['ms_per_step']:>7.2f} ms at {at['at'][:100]} {at['dims'][:60]}"
+            )
 
 
 def write_result(

@@ -57,10 +57,16 @@ def _x(cat: str, name: str, ts: float, dur: float, tid: int = 1, **args: Any) ->
             "args": args}  # fmt: skip
 
 
-def _op(name: str, ts: float, dur: float, tid: int = 1, seq: int | None = None) -> dict[str, Any]:
+def _op(
+    name: str, ts: float, dur: float, tid: int = 1, seq: int | None = None, dims: Any = None
+) -> dict[str, Any]:
     """A cpu_op; `seq`: its autograd sequence number (a backward node, on thread 2, carries
-    its forward op's)."""
-    args = {} if seq is None else {"Sequence number": seq, "Fwd thread id": 0 if tid == 1 else 1}
+    its forward op's); `dims`: its input shapes, as record_shapes writes them."""
+    args: dict[str, Any] = {}
+    if seq is not None:
+        args |= {"Sequence number": seq, "Fwd thread id": 0 if tid == 1 else 1}
+    if dims is not None:
+        args["Input Dims"] = dims
     return _x("cpu_op", name, ts, dur, tid, **args)
 
 
@@ -75,10 +81,10 @@ def _kernel(corr: int, name: str, ts: float, dur: float, cat: str = "kernel") ->
 CUDA_TRACE = [
     _x("user_annotation", "ProfilerStep#1", 0, 1000),
     _op("aten::linear", 10, 20, seq=5),
-    _op("aten::mm", 11, 18, seq=5),
+    _op("aten::mm", 11, 18, seq=5, dims=[[64, 32], [32, 128]]),
     _launch(1, 12),
     _op("aten::rms_norm", 40, 20, seq=6),
-    _op("aten::mul", 41, 5, seq=7),
+    _op("aten::mul", 41, 5, seq=7, dims=[[64, 32], []]),
     _launch(2, 42),
     _x("user_annotation", "Torch-Compiled Region: 0/0", 60, 20),
     _op("CompiledFunction", 61, 18, seq=8),
@@ -138,6 +144,23 @@ def test_cuda_trace_reading(monkeypatch: pytest.MonkeyPatch) -> None:
     top = result["top_kernels"]
     assert (top[0]["name"], top[0]["launched_by"]) == (CUDA_TRACE[-11]["name"], "aten::mm")
     assert (top[1]["category"], top[1]["launched_by"]) == ("attention", "CompiledFunction")
+    # Each top kernel says where it was launched, with the launching op's shapes.
+    assert top[0]["sites"] == [
+        {"at": "aten::linear / aten::mm", "dims": "[[64, 32], [32, 128]]",
+         "ms_per_step": 0.2, "calls_per_step": 1.0},
+    ]  # fmt: skip
+    # One kernel name from two places: the forward's mul and its backward, a site each (the
+    # backward's with its forward op's path after "<-").
+    mul = next(k for k in top if "MulFunctor" in k["name"])
+    assert [(s["at"], s["dims"], s["calls_per_step"]) for s in mul["sites"]] == [
+        ("aten::rms_norm / aten::mul", "[[64, 32], []]", 1.0),
+        (
+            "autograd::engine::evaluate_function: mulbackward0 / aten::mul"
+            " <- aten::rms_norm / aten::mul",
+            "",
+            1.0,
+        ),
+    ]
 
 
 def test_compiled_drafter_layers_count_as_norm_and_elementwise(
