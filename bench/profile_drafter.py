@@ -3,8 +3,9 @@ Qwen3.6-27B dims, warmed up so compiling and autotuning stay outside, then a few
 torch.profiler. Writes the chrome trace and a summary: device kernel time per category
 (matmul, attention, loss, norm, elementwise, optimizer, communication, memcpy_memset, other),
 the top kernels (each with its call sites: the ops around its launch and the launching op's
-input shapes, which say whose a copy or pointwise kernel is), the idle gap (step wall time not covered by any kernel: the launch-bound
-part) and the useful-FLOP share of the step by speed_drafter's count.
+input shapes, which say whose a copy or pointwise kernel is), the idle gap (step wall time
+not covered by any kernel: the launch-bound part) and the useful-FLOP share of the step by
+speed_drafter's count.
 
 One GPU: `python bench/profile_drafter.py --dims qwen3-8b --out DIR`. On a CPU
 (`--device cpu --smoke`) CPU ops' self time stands in for kernel time, same keys."""
