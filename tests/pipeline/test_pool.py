@@ -36,14 +36,17 @@ def test_put_blocks_when_full_and_counts_producer_wait() -> None:
     pool: HiddenStatePool[int] = HiddenStatePool(depth=2, min_ready=1)
     pool.put(0)
     pool.put(1)
-    done = threading.Event()
+    putting, done = threading.Event(), threading.Event()
 
     def producer() -> None:
+        putting.set()
         pool.put(2)
         done.set()
 
     thread = threading.Thread(target=producer)
     thread.start()
+    # Timed from the put itself: a loaded machine may start the thread late.
+    assert putting.wait(10)
     time.sleep(0.2)
     assert not done.is_set() and pool.stats().ready == 2
     assert pool.take() is not None
