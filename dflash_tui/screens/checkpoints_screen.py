@@ -2,11 +2,14 @@
 lines and from the box's own listing (`dflash-train status`): step, when, size, how long
 the save took, its held-out tau (the box's eval.json, else the stream's `eval` event) and
 whether it is complete, still on disk or pruned; the best held-out tau is marked. A score
-that is teacher-forced only (a hybrid target's, never decoded) says so: `1.842 (tf)`."""
+that is teacher-forced only (a hybrid target's, never decoded) says so: `1.842 (tf)`. Paths
+under the run dir read from it (`checkpoints/RUN_ID/step_…`): the full ones share a long
+prefix, and the screen's width cut every row's at the same place, before the step."""
 
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -39,7 +42,7 @@ class CheckpointRow:
     best: bool = False
     teacher_forced: bool = False
 
-    def cells(self) -> tuple[str, ...]:
+    def cells(self, run_dir: str | None = None) -> tuple[str, ...]:
         when = "–" if self.t is None else time.strftime("%m-%d %H:%M:%S", time.localtime(self.t))
         size = "–" if self.size_bytes is None else _size(self.size_bytes)
         seconds = "–" if self.seconds is None else f"{self.seconds:.1f}"
@@ -47,7 +50,24 @@ class CheckpointRow:
         if self.tau is not None and self.teacher_forced:
             tau = f"{tau} {TF_MARK}"
         state = f"{self.state} {BEST_MARK}" if self.best else self.state
-        return (f"{self.step:,}", when, size, seconds, tau, state, self.path)
+        return (f"{self.step:,}", when, size, seconds, tau, state, shown_path(self.path, run_dir))
+
+
+def shown_path(path: str, run_dir: str | None) -> str:
+    """`path` from `run_dir` when it lies under it, else whole. The box's paths are POSIX
+    and absolute; a run dir given relative (`runs/r1`, `~/runs/r1`) is the box's resolved
+    one's tail, so it is found as a whole run of path components."""
+    if not run_dir or not posixpath.isabs(path):
+        return path
+    inside = posixpath.normpath(path)
+    root = posixpath.normpath(run_dir.removeprefix("~/"))
+    if not posixpath.isabs(root):
+        marker = f"/{root}/"
+        at = inside.rfind(marker)
+        return inside[at + len(marker) :] if root != "." and at >= 0 else path
+    if inside == root or posixpath.commonpath((root, inside)) != root:
+        return path
+    return posixpath.relpath(inside, root)
 
 
 def _size(count: int) -> str:
@@ -131,9 +151,13 @@ class CheckpointsScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,c,q", "close", "Close")]
 
     def __init__(
-        self, stream: Sequence[StatusLine], scores: Mapping[int, HeldoutTau] | None = None
+        self,
+        stream: Sequence[StatusLine],
+        scores: Mapping[int, HeldoutTau] | None = None,
+        run_dir: str | None = None,
     ) -> None:
         super().__init__()
+        self.run_dir = run_dir  # paths under it are shown from it
         self.stream = list(stream)
         self.scores = dict(scores or {})
         self.listed: list[Mapping[str, Any]] | None = None
@@ -176,7 +200,7 @@ class CheckpointsScreen(ModalScreen[None]):
         table.clear()
         rows = self.rows
         for row in rows:
-            table.add_row(*row.cells())
+            table.add_row(*row.cells(self.run_dir))
         if not rows:
             self.query_one("#checkpoints-note", Static).update(f"{self.note} — none yet")
 

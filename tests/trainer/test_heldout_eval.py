@@ -392,6 +392,10 @@ async def test_the_console_plots_the_held_out_tau_and_marks_the_best_checkpoint(
 
         rows = await _checkpoint_rows(app, pilot)
         assert sorted(rows) == ["3", "6"]
+        # Paths read from the run dir (the full ones were cut to the screen's width).
+        for step, row in rows.items():
+            assert row[6].startswith("checkpoints/") and row[6].endswith(f"step_{int(step):07d}")
+            assert (eval_run / row[6]).is_dir()
         assert {step: row[4] for step, row in rows.items()} == {
             str(s): f"{e['tau']:.3f}" for s, e in evals.items()
         }

@@ -4,8 +4,15 @@ listing comes."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from dflash_train import protocol
-from dflash_tui.screens.checkpoints_screen import BEST_MARK, TF_MARK, checkpoint_rows
+from dflash_tui.screens.checkpoints_screen import (
+    BEST_MARK,
+    TF_MARK,
+    checkpoint_rows,
+    shown_path,
+)
 from dflash_tui.sources.state import HeldoutTau
 from tests.tui.synthetic_stream import RUN_ID, T0
 
@@ -52,3 +59,21 @@ def test_the_box_listing_decides_the_score_and_its_mark() -> None:
         20: (f"2.310 {TF_MARK}", f"complete {BEST_MARK}"),
         10: ("1.910", "complete"),
     }
+
+
+def test_paths_under_the_run_dir_read_from_it() -> None:
+    """The path column is cut to the screen's width: every full path kept the same long
+    prefix and lost the step. Paths under the run dir (as the user named it: absolute,
+    relative to the box's home, or with ~) read from it; any other stays whole."""
+    path = "/root/runs/r1/checkpoints/0a1b2c3d4e5f/step_0000040"
+    tail = "checkpoints/0a1b2c3d4e5f/step_0000040"
+    assert shown_path(path, "/root/runs/r1") == tail
+    assert shown_path(path, "/root/runs/r1/") == tail
+    assert shown_path(path, "runs/r1") == tail
+    assert shown_path(path, "~/runs/r1") == tail
+    assert shown_path(path, "/root/runs/r10") == path  # a sibling that shares a prefix
+    assert shown_path(path, "runs/r") == path  # a partial component is no match
+    assert shown_path(path, "/other") == path
+    assert shown_path(path, None) == path
+    row = checkpoint_rows(_checkpoints(40), None)[0]
+    assert dataclasses.replace(row, path=path).cells("/root/runs/r1")[-1] == tail
