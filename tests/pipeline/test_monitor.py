@@ -112,6 +112,10 @@ def test_monitor_writes_steps_queue_gpu_profile_control_and_heartbeat(tmp_path: 
     )
     _wait_for(status, lambda line: line.kind == "event" and line["code"] == "control_applied")
     _wait_for(status, lambda line: line.kind == "profile")
+    # A queue line after the change (queue lines come on their own interval, not with it).
+    _wait_for(
+        status, lambda line: line.kind == "queue" and line["hs_min_ready"] == 5 and line["hs_ready"]
+    )
     monitor.submit_step(
         StepRecord(
             2,

@@ -260,7 +260,10 @@ async def test_fleet_over_two_openssh_servers_and_a_dead_port(
         profiles,
         make_transport=transports_to_loopback(client_key, known),
         status_every=1.0,
-        status_timeout=3.0,
+        # Long enough for a status over OpenSSH on a loaded machine (A's rows must never
+        # time out: its host would read unreachable and reconnect), short enough that the
+        # frozen B is called unreachable well inside the wait below.
+        status_timeout=10.0,
         backoff=FAST,
     )
     app = FleetApp(fleet)
@@ -293,7 +296,7 @@ async def test_fleet_over_two_openssh_servers_and_a_dead_port(
                 lambda: all((views()[n].step or 0) > steps[n] + 5 for n in ("a-one", "a-two")),
                 timeout=30,
             )
-            await wait_until(pilot, lambda: views()["b-one"].badge == "unreachable", timeout=30)
+            await wait_until(pilot, lambda: views()["b-one"].badge == "unreachable", timeout=60)
             badges = {n: (views()[n].badge, views()[n].age_s) for n in ("a-one", "a-two")}
             assert all(b == "running" for b, _ in badges.values()), badges
             second_sshd.thaw_and_kill(frozen)
