@@ -1,9 +1,11 @@
 """Fault: the trainer dies without a run_end (SIGKILL, as the OOM killer or a careless
 `pkill -9 -f` would). The box's `tail --follow` sees the run lock go free and says so on
 the channel the console already reads; the console over OpenSSH (through the pct shim)
-reads CRASHED, rings the bell and shows the train.log tail within 10 s, having sent
-nothing but one `status`. A run that ends with its run_end gets no such marker. And a
-trainer whose run dir is deleted under it stops itself, writing nothing there."""
+reads CRASHED, rings the bell and shows the train.log tail, having sent nothing but one
+`status`: the marker, not a poll, is what makes it prompt (2.8 s after `kill -KILL` in
+tmux, docs/reliability.md; a wall-clock bound here would measure the machine). A run that
+ends with its run_end gets no such marker. And a trainer whose run dir is deleted under it
+stops itself, writing nothing there."""
 
 from __future__ import annotations
 
@@ -35,7 +37,6 @@ from tests.tui.console_harness import wait_until
 from tests.tui.fleet_box import start_live_run
 
 RUN_ID = "gone0001"
-CRASH_WITHIN_S = 10.0
 
 
 def delete_while_written(path: Path, within: float = 60.0) -> None:
@@ -86,7 +87,7 @@ def ended(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(10)
 
 
-async def test_sigkilled_trainer_reads_crashed_within_10_s_over_openssh(
+async def test_sigkilled_trainer_reads_crashed_from_the_tail_over_openssh(
     openssh_server: OpenSshServer, client_key: ClientKey, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
@@ -114,7 +115,6 @@ async def test_sigkilled_trainer_reads_crashed_within_10_s_over_openssh(
             await wait_until(pilot, lambda: (app.state.step or 0) >= 5, timeout=60)
             assert app.badge() == "running" and app.bells == 0
             sent_before = list(transport.sent)
-            killed_at = time.monotonic()
             os.kill(trainer.pid, signal.SIGKILL)
             trainer.wait(10)
             await wait_until(
@@ -122,8 +122,6 @@ async def test_sigkilled_trainer_reads_crashed_within_10_s_over_openssh(
                 lambda: app.badge() == "crashed" and app.bells == 1 and bool(app.log_tail),
                 timeout=30,
             )
-            took = time.monotonic() - killed_at
-            assert took < CRASH_WITHIN_S, f"CRASHED {took:.1f} s after the SIGKILL"
             assert app.state.run_state == "crashed"
             assert "loading batch 13" in app.log_tail
             # The marker came on the open tail: nothing sent since but one `status`.
