@@ -5,12 +5,15 @@ arguments), and the trainer resumes with them."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from control_harness import cli, decode_all, trainer_env_args
+from control_harness import cli, decode_all, dflash_argv, trainer_env_args
 
 from dflash_train import protocol
 from dflash_train.config.cli_options import resolve_train_args
@@ -114,6 +117,33 @@ def _wait(run_dir: Path, done: Callable[[list[protocol.StatusLine]], bool], what
     raise AssertionError(f"no {what} after 180 s")
 
 
+def _term_pending(pid: int) -> bool:
+    """SIGTERM sent to the process and not yet acted on (it is stopped): its bit in the
+    shared pending set of /proc/PID/status."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("ShdPnd:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    return False
+
+
+def _restart_while_frozen(pid: int, *args: str) -> tuple[int, protocol.Reply]:
+    """`restart ARGS` of a trainer whose process group is SIGSTOPped: it is woken (SIGCONT)
+    once the restart's SIGTERM is pending, so it stops at the step it was frozen at, however
+    long the restart took to get there."""
+    proc = subprocess.Popen(dflash_argv("restart", *args), stdout=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not _term_pending(pid) and proc.poll() is None:
+            assert time.monotonic() < deadline, "the restart sent no SIGTERM in 120 s"
+            time.sleep(0.05)
+    finally:
+        os.killpg(pid, signal.SIGCONT)
+    out, _ = proc.communicate(timeout=240)
+    reply = protocol.decode_reply(out)
+    assert isinstance(reply, protocol.Reply), out
+    return proc.returncode, reply
+
+
 def test_restart_set_applies_any_option_on_resume_and_refuses_before_stopping(
     run_dirs: Callable[[str], Path], prepared_data_dir: Path
 ) -> None:
@@ -132,6 +162,9 @@ def test_restart_set_applies_any_option_on_resume_and_refuses_before_stopping(
     assert recorded["sources"]["epochs"] == "cli" and recorded["sources"]["seed"] == "default"
     _wait(run_dir, lambda ls: any(x.kind == "checkpoint" for x in ls), "checkpoint")
     pid = launched.data["pid"]
+    # Frozen while nothing needs it to run, so how far it gets does not hang on how fast
+    # this machine is (the steps bound max_steps below).
+    os.killpg(pid, signal.SIGSTOP)
 
     # Refused before anything stops: a bad value, and a shape the checkpoint cannot take.
     for sets, code, words in (
@@ -142,17 +175,20 @@ def test_restart_set_applies_any_option_on_resume_and_refuses_before_stopping(
         assert rc == 1 and refused.error_code == code and words in (refused.error or ""), refused
         assert lock_is_held(run_dir / "run.lock") and read_json(run_dir / "run.json")["pid"] == pid
     assert read_json(run_dir / "config.json") == recorded
-    # A value set live survives the restart, over the launch's explicit --hs-min-ready 3.
+    # A value set live survives the restart, over the launch's explicit --hs-min-ready 3
+    # (the trainer answers a set: it runs for it, then is frozen again).
+    os.killpg(pid, signal.SIGCONT)
     rc, live = cli("set", str(run_dir), "hs_min_ready", "5", timeout=120)
     assert rc == 0 and live.ok, live
+    os.killpg(pid, signal.SIGSTOP)
 
-    # A max_steps the run has not reached when the restart stops it, wherever a loaded
-    # machine has got it to by now (the restart's own start-up takes some steps too).
+    # A max_steps past the step the trainer is frozen at: it ends that step and checkpoints
+    # when the restart's SIGTERM wakes it (its step lines may trail by a step or two).
     reached = max(x["step"] for x in _lines(run_dir) if x.kind == "step")
-    most = reached + 25
-    rc, back = cli(
-        "restart", str(run_dir), "--wait", "180",
-        "--set", "epochs=20", "--set", "lr=1e-4", "--set", f"max_steps={most}", timeout=240,
+    most = reached + 10
+    rc, back = _restart_while_frozen(
+        pid, str(run_dir), "--wait", "180",
+        "--set", "epochs=20", "--set", "lr=1e-4", "--set", f"max_steps={most}",
     )  # fmt: skip
     assert rc == 0 and back.ok, back
     assert back.data["resumed_from"] and back.data["run_id"] == launched.data["run_id"]
