@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -14,6 +15,22 @@ def _take_within(pool: HiddenStatePool[int], seconds: float) -> int | None:
     """take() that gives up after `seconds` (through its should_stop hook)."""
     deadline = time.monotonic() + seconds
     return pool.take(should_stop=lambda: time.monotonic() > deadline)
+
+
+def _wait_until_blocked(thread: threading.Thread, method: str) -> None:
+    """Until `thread` waits on the pool's condition inside `method` (its stack says so): a
+    loaded machine may start or run it late, and an order by sleeps would not hold."""
+    deadline = time.monotonic() + 30
+    while True:
+        frame = sys._current_frames().get(thread.ident or -1)
+        names = []
+        while frame is not None:
+            names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        if "wait" in names and method in names:
+            return
+        assert time.monotonic() < deadline, f"{thread.name} never blocked in {method}: {names}"
+        time.sleep(0.005)
 
 
 def test_take_waits_for_min_ready_then_draws_at_random() -> None:
@@ -36,17 +53,15 @@ def test_put_blocks_when_full_and_counts_producer_wait() -> None:
     pool: HiddenStatePool[int] = HiddenStatePool(depth=2, min_ready=1)
     pool.put(0)
     pool.put(1)
-    putting, done = threading.Event(), threading.Event()
+    done = threading.Event()
 
     def producer() -> None:
-        putting.set()
         pool.put(2)
         done.set()
 
     thread = threading.Thread(target=producer)
     thread.start()
-    # Timed from the put itself: a loaded machine may start the thread late.
-    assert putting.wait(10)
+    _wait_until_blocked(thread, "put")  # the wait is timed from here
     time.sleep(0.2)
     assert not done.is_set() and pool.stats().ready == 2
     assert pool.take() is not None
@@ -114,8 +129,14 @@ def test_close_unblocks_producers_and_failure_reaches_consumer() -> None:
 
 def test_starved_takes_are_counted() -> None:
     pool: HiddenStatePool[int] = HiddenStatePool(depth=2, min_ready=1)
-    threading.Timer(0.05, lambda: pool.put(7)).start()
-    assert pool.take() == 7
+    taken: list[int | None] = []
+    consumer = threading.Thread(target=lambda: taken.append(pool.take()))
+    consumer.start()
+    _wait_until_blocked(consumer, "take")  # it waits on an empty pool: starved
+    time.sleep(0.05)  # well past the 1 ms that counts a take as starved
+    pool.put(7)
+    consumer.join(10)
+    assert taken == [7]
     pool.put(8)
     assert pool.take() == 8
     stats = pool.stats()
