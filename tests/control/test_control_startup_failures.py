@@ -114,16 +114,22 @@ def test_a_trainer_that_hangs_at_startup_is_ended(
         ),
         stdout=subprocess.PIPE,
     )
-    # The SSH session that ran it hangs up mid-wait: launch must still see it through.
-    time.sleep(2)
+    # The SSH session that ran it hangs up mid-wait (once launch has started the trainer,
+    # however long its own start took): launch must still see it through.
+    log = run_dir / "train.log"
+    deadline = time.monotonic() + 120
+    while not (log.is_file() and b"==== dflash-train launch" in log.read_bytes()):
+        assert launch.poll() is None and time.monotonic() < deadline, "no trainer started"
+        time.sleep(0.05)
+    waiting = time.monotonic()
     launch.send_signal(signal.SIGHUP)
     out, _ = launch.communicate(timeout=120)
     rc = launch.returncode
     reply = protocol.decode_reply(out)
     assert isinstance(reply, protocol.Reply), out
-    elapsed = time.monotonic() - started
     assert rc == 1 and reply.error_code == "startup_timeout", reply
-    assert HANG_WAIT_S <= elapsed < HANG_WAIT_S + 30
+    assert time.monotonic() - started >= HANG_WAIT_S
+    assert time.monotonic() - waiting < HANG_WAIT_S + 30
     assert reply.data["log_tail"][0].startswith("==== dflash-train launch")
     # Nothing half-alive: the whole process group is gone and the lock is free.
     pid = reply.data["pid"]
