@@ -66,6 +66,27 @@ def _wait_for(condition, what: str, proc: subprocess.Popen[str]) -> None:
         time.sleep(0.05)
 
 
+def _kill_while_holding(record: Path, pid: int, chunk: int) -> bool:
+    """SIGKILL worker `pid` if it still holds `chunk` once frozen (SIGSTOP) and once the
+    workers record has settled (the parent rewrites it when a result comes in, so a read
+    just before may be stale); otherwise let it go on. True when it was killed."""
+    os.kill(pid, signal.SIGSTOP)
+    seen, stable = None, 0
+    deadline = time.monotonic() + WAIT_S
+    while stable < 3:  # unchanged over ~0.6 s: no result of the frozen worker still due
+        assert time.monotonic() < deadline, "the workers record never settled"
+        time.sleep(0.2)
+        now = record.read_text() if record.is_file() else ""
+        stable = stable + 1 if now == seen else 0
+        seen = now
+    workers = json.loads(seen) if seen else []
+    if any(w["pid"] == pid and w["chunk"] == chunk for w in workers):
+        os.kill(pid, signal.SIGKILL)
+        return True
+    os.kill(pid, signal.SIGCONT)
+    return False
+
+
 @pytest.fixture(scope="module")
 def one_worker(
     tmp_path_factory: pytest.TempPathFactory, smollm2: Target
@@ -95,10 +116,12 @@ def test_two_workers_write_the_samples_one_does_a_killed_worker_s_chunk_again(
         return next((w for w in workers if w["worker"] == 1 and w["chunk"] is not None), None)
 
     proc = _start(out, "cpu,cpu")
-    _wait_for(lambda: busy_worker() is not None, "a chunk handed to worker 1", proc)
-    victim = busy_worker()
-    assert victim is not None
-    os.kill(victim["pid"], signal.SIGKILL)
+    while True:
+        _wait_for(lambda: busy_worker() is not None, "a chunk handed to worker 1", proc)
+        victim = busy_worker()
+        assert victim is not None
+        if _kill_while_holding(record, victim["pid"], victim["chunk"]):
+            break
     reply = _finish(proc)
     assert victim["chunk"] in reply.data["retried_chunks"]
     assert _rows(out) == one_worker
@@ -191,16 +214,18 @@ def test_a_chunk_whose_worker_dies_twice_is_reported_and_a_rerun_finishes(
         return next((w for w in busy if chunk is None or w["chunk"] == chunk), None)
 
     proc = _start(out, "cpu,cpu")
-    _wait_for(lambda: holder(None) is not None, "a chunk handed out", proc)
-    first = holder(None)
-    assert first is not None
-    chunk = first["chunk"]
-    for _ in range(2):
-        _wait_for(lambda: holder(chunk) is not None, f"chunk {chunk} handed out", proc)
+    chunk: int | None = None  # the first kill's, whichever chunk that worker holds
+    while len(killed) < 2:
+
+        def handed(wanted: int | None = chunk) -> bool:
+            return holder(wanted) is not None
+
+        _wait_for(handed, f"chunk {chunk} handed out", proc)
         victim = holder(chunk)
         assert victim is not None
-        os.kill(victim["pid"], signal.SIGKILL)
-        killed.append(victim["pid"])
+        if _kill_while_holding(record, victim["pid"], victim["chunk"]):
+            killed.append(victim["pid"])
+            chunk = victim["chunk"]
     stdout, stderr = proc.communicate(timeout=WAIT_S)
     reply = protocol.decode_reply(stdout)
     assert isinstance(reply, protocol.Reply) and not reply.ok, (stdout, stderr[-3000:])
