@@ -89,6 +89,8 @@ async def test_leaving_a_stream_ends_the_remote_command(
 
 
 async def test_run_timeout_gives_up_on_the_command(ssh_transport: SshTransport) -> None:
+    # Connected first: what is timed is the command, not the handshake.
+    assert (await ssh_transport.run(["echo", "up"], timeout=20)).stdout == b"up\n"
     loop = asyncio.get_running_loop()
     started = loop.time()
     with pytest.raises(CommandTimeout, match="sleep 30"):
