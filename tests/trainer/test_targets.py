@@ -217,13 +217,16 @@ def test_concurrent_first_use_waits_for_one_conversion(
     dest.parent.mkdir(parents=True)
     code = (
         "from dflash_train.targets.frozen_target import ensure_smollm2_converted; "
-        "print(ensure_smollm2_converted())"
+        "print('calling', flush=True); print(ensure_smollm2_converted())"
     )
     with FileLock(str(dest.parent / f".{dest.name}.lock")):
         waiter = subprocess.Popen(
             [sys.executable, "-c", code], stdout=subprocess.PIPE, env=dict(os.environ), text=True
         )
-        time.sleep(1.5)
+        # Its imports done (however slow a loaded machine makes them), the call reaches the
+        # lock at once; a moment later it must still be waiting there.
+        assert waiter.stdout is not None and waiter.stdout.readline() == "calling\n"
+        time.sleep(1.0)
         assert waiter.poll() is None, "the second process must wait for the lock"
         # Finish "our" conversion: the same rename a real one ends with.
         staging = dest.parent / ".staging"
