@@ -323,11 +323,22 @@ class OpenSshServer:
                 os.kill(pid, signal.SIGSTOP)
         return pids
 
+    def freeze_host(self) -> list[int]:
+        """freeze_connections, and the listener too: a new connection is then accepted by
+        the kernel but never answered, as by a host that went dark (with only the connections
+        frozen, a client's reconnect is served at once). thaw_and_kill() wakes it."""
+        assert self._proc is not None
+        pids = self.freeze_connections()
+        os.kill(self._proc.pid, signal.SIGSTOP)
+        return pids
+
     def thaw_and_kill(self, pids: list[int]) -> None:
         for sig in (signal.SIGKILL, signal.SIGCONT):
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
+        if self._proc is not None and self._proc.poll() is None:
+            os.kill(self._proc.pid, signal.SIGCONT)  # a frozen listener (freeze_host)
 
     def drop_connections(self) -> int:
         """Kill the per-connection sshd processes: clients see the TCP connection die."""

@@ -260,9 +260,8 @@ async def test_fleet_over_two_openssh_servers_and_a_dead_port(
         profiles,
         make_transport=transports_to_loopback(client_key, known),
         status_every=1.0,
-        # Long enough for a status over OpenSSH on a loaded machine (A's rows must never
-        # time out: its host would read unreachable and reconnect), short enough that the
-        # frozen B is called unreachable well inside the wait below.
+        # Long enough for a status over OpenSSH on a loaded machine: A's rows must never
+        # time out (its host would read unreachable and reconnect).
         status_timeout=10.0,
         backoff=FAST,
     )
@@ -288,8 +287,9 @@ async def test_fleet_over_two_openssh_servers_and_a_dead_port(
             )
             await wait_until(pilot, lambda: table_names(app)[0] == "dead")  # trouble first
 
-            # B stops answering (its sshd processes frozen): A's rows go on regardless.
-            frozen = second_sshd.freeze_connections()
+            # B goes dark (its sshd frozen, listener and connections): A's rows go on
+            # regardless.
+            frozen = second_sshd.freeze_host()
             steps = {n: views()[n].step or 0 for n in live}
             await wait_until(
                 pilot,
