@@ -18,7 +18,7 @@ import json
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +219,25 @@ def site(item: Item, depth: int = 4) -> str:
     return tail(here) + (" <- " + tail(forward) if forward else "")
 
 
+@dataclass
+class _Spent:
+    us: float = 0.0
+    calls: int = 0
+
+    def add(self, us: float) -> None:
+        self.us += us
+        self.calls += 1
+
+
+@dataclass
+class _KernelTotals:
+    """One kernel name's time, and how it splits by launching op and by call site."""
+
+    spent: _Spent = field(default_factory=_Spent)
+    launchers: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+    sites: defaultdict[tuple[str, str], _Spent] = field(default_factory=lambda: defaultdict(_Spent))
+
+
 def union_us(items: list[Item]) -> float:
     total, reach = 0.0, float("-inf")
     for item in sorted(items, key=lambda i: i.start):
@@ -245,25 +264,20 @@ def summarise(
     per_cat: dict[str, float] = dict.fromkeys(categories, 0.0)
     # One name may launch in several places: its time per launcher, and per call site and
     # launching shapes (what says which copy or pointwise kernel is whose).
-    by_name: dict[tuple[str, str], list[Any]] = {}
+    by_name: dict[tuple[str, str], _KernelTotals] = defaultdict(_KernelTotals)
     by_launcher: dict[str, float] = defaultdict(float)
     for item in items:
         cat = categorise(item)
         per_cat[cat] += item.us
-        entry = by_name.setdefault(
-            (item.name, cat), [0.0, 0, defaultdict(float), defaultdict(lambda: [0.0, 0])]
-        )
-        entry[0] += item.us
-        entry[1] += 1
-        entry[2][item.launcher or "?"] += item.us
-        at = entry[3][(site(item), item.dims)]
-        at[0] += item.us
-        at[1] += 1
+        totals = by_name[(item.name, cat)]
+        totals.spent.add(item.us)
+        totals.launchers[item.launcher or "?"] += item.us
+        totals.sites[(site(item), item.dims)].add(item.us)
         by_launcher[item.launcher or "?"] += item.us
     kernel_ms = sum(per_cat.values()) / n / 1e3
     busy_ms = union_us(items) / n / 1e3
     idle_ms = max(0.0, wall_ms - busy_ms)
-    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1].spent.us)[:top]
     matmul_attention_s = (per_cat["matmul"] + per_cat["attention"]) / n / 1e6
     return {
         "profiled_step_ms": round(wall_ms, 3),
@@ -279,23 +293,23 @@ def summarise(
             {
                 "name": name[:300],
                 "category": cat,
-                "ms_per_step": round(us / n / 1e3, 3),
-                "calls_per_step": round(calls / n, 2),
-                "share": round(us / n / 1e3 / wall_ms, 4),
-                "launched_by": max(launchers, key=launchers.get),
+                "ms_per_step": round(t.spent.us / n / 1e3, 3),
+                "calls_per_step": round(t.spent.calls / n, 2),
+                "share": round(t.spent.us / n / 1e3 / wall_ms, 4),
+                "launched_by": max(t.launchers, key=t.launchers.__getitem__),
                 "sites": [
                     {
                         "at": at,
                         "dims": dims,
-                        "ms_per_step": round(site_us / n / 1e3, 3),
-                        "calls_per_step": round(site_calls / n, 2),
+                        "ms_per_step": round(spent.us / n / 1e3, 3),
+                        "calls_per_step": round(spent.calls / n, 2),
                     }
-                    for (at, dims), (site_us, site_calls) in sorted(
-                        sites.items(), key=lambda kv: -kv[1][0]
-                    )[:SITES]
+                    for (at, dims), spent in sorted(t.sites.items(), key=lambda kv: -kv[1].us)[
+                        :SITES
+                    ]
                 ],
             }
-            for (name, cat), (us, calls, launchers, sites) in ranked
+            for (name, cat), t in ranked
         ],
         "top_launching_ops": [
             {"op": op, "ms_per_step": round(us / n / 1e3, 3)}

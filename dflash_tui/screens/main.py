@@ -151,9 +151,7 @@ class MainScreen(Screen[None]):
 
     def action_checkpoints(self) -> None:
         state = self.console.state
-        screen = CheckpointsScreen(
-            state.checkpoints, state.heldout_scores, str(self.console.run_dir)
-        )
+        screen = CheckpointsScreen(state.checkpoints, state.heldout_scores, self.console.run_dir)
         self.app.push_screen(screen)
         self.run_worker(self._list_checkpoints(screen), group="status", name="checkpoints")
 
