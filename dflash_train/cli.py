@@ -9,12 +9,14 @@ from collections.abc import Sequence
 
 from dflash_train import DISTRIBUTION, __version__, protocol
 
-# What the [train] extra brings, by import name: a command that needs one of them says which
-# extra to install (pyproject.toml's optional-dependencies).
-TRAIN_EXTRA_MODULES = frozenset(
+# The extra that brings each module, by import name: a command that needs a missing one
+# says which extra to install (pyproject.toml's optional-dependencies). gguf is [demo]'s:
+# only the `smollm2` target reads a GGUF file.
+EXTRA_OF_MODULE = dict.fromkeys(
     {"torch", "transformers", "accelerate", "datasets", "numpy", "safetensors", "pynvml"}
-    | {"wandb", "tqdm", "matplotlib", "pyarrow", "gguf"}
-)
+    | {"wandb", "tqdm", "matplotlib", "pyarrow"},
+    "train",
+) | {"gguf": "demo"}
 
 # name -> (module under dflash_train.commands, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -68,15 +70,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser(only).parse_args(words)
         return int(args._module.run(args) or 0)
     except ModuleNotFoundError as exc:
-        top = (exc.name or "").split(".")[0]
-        if top not in TRAIN_EXTRA_MODULES:
+        extra = EXTRA_OF_MODULE.get((exc.name or "").split(".")[0])
+        if extra is None:
             raise
-        # Installed without the [train] extra (a console's laptop, say): one reply that
-        # says what to install, not a traceback from deep inside an import.
+        # Installed without the extra (the [train] one on a console's laptop, say): one reply
+        # that says what to install, not a traceback from deep inside an import.
         command = words[0] if words and words[0] in SUBCOMMANDS else "dflash-train"
         why = (
-            f"{exc.name} is not installed: dflash-train {command} needs the [train] extra "
-            f"(pip install '{DISTRIBUTION}[train]')"
+            f"{exc.name} is not installed: dflash-train {command} needs the [{extra}] extra "
+            f"(pip install '{DISTRIBUTION}[{extra}]')"
         )
         from dflash_train.control.reply_text import with_message
 

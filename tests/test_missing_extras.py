@@ -27,12 +27,16 @@ sys.meta_path.insert(0, Missing())
 """
 
 
-def _run(tmp_path: Path, block: str, *argv: str) -> subprocess.CompletedProcess[str]:
+def _run(
+    tmp_path: Path, block: str, *argv: str, cache: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(BLOCKER)
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{root}", "DFLASH_TEST_BLOCK": block}
+    if cache is not None:
+        env["DFLASH_CACHE_DIR"] = str(cache)
     return subprocess.run(
         [sys.executable, *argv], env=env, capture_output=True, text=True, timeout=120
     )
@@ -64,3 +68,20 @@ def test_the_trainer_without_its_extra(tmp_path: Path) -> None:
     # A control command the console sends needs none of it.
     status = _run(tmp_path, block, "-m", "dflash_train", "status", str(tmp_path / "none"))
     assert json.loads(status.stdout)["error_code"] == "run_dir_missing", status.stderr
+
+
+def test_the_smollm2_target_without_gguf(tmp_path: Path) -> None:
+    """Seen in a fresh venv with [train] only (gguf is [demo]'s): prepare on `smollm2` ended
+    in transformers' traceback ("install torch and gguf"). It is one reply naming [demo]."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    # An empty model cache: the GGUF must be converted, which needs gguf.
+    argv = ["-m", "dflash_train", "prepare", "--target-model", "smollm2", "--prompts"]
+    done = _run(
+        tmp_path, "gguf", *argv, str(prompts), "--out", str(tmp_path / "d"), cache=tmp_path / "c"
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    reply = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (reply["ok"], reply["error_code"]) == (False, "missing_dependency")
+    assert reply["error"].startswith("gguf is not installed")
+    assert f"'{DISTRIBUTION}[demo]'" in reply["error"]

@@ -139,6 +139,11 @@ def ensure_smollm2_converted(resolved: ResolvedTarget | None = None) -> Path:
         return dest
     if resolved.gguf_file is None:
         raise ValueError(f"target 'smollm2': package {SMOLLM2_PACKAGE} is not installed")
+    # transformers reads the file with gguf but says only "install torch and gguf" when it is
+    # missing; imported here, a missing gguf is a ModuleNotFoundError the CLI names the extra
+    # of (seen in a fresh venv with only [train]: a traceback).
+    import gguf  # noqa: F401
+
     dest.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(dest.parent / f".{dest.name}.lock")):
         if _is_complete_model_dir(dest):
