@@ -116,3 +116,28 @@ def test_a_study_dir_names_its_variants_by_folder_base_first(
     assert study["baseline"] == "base"
     assert [v["name"] for v in study["variants"]] == ["base", "wide"]
     assert study["highest_final_tau"] in ("base", "wide")
+
+
+def test_a_variant_started_again_with_another_budget_shows_the_newest(
+    study_dir: Path, tmp_path: Path, prepared_data_dir: Path
+) -> None:
+    # A variant that stopped (here: completed 2 steps) and was started again with a larger
+    # --max-steps, resuming its checkpoint, as a session's call for it alone once did: the
+    # table's budget and what differs are the newest start's, not the first's.
+    run = tmp_path / "again"
+    for budget in (2, 6):
+        argv = [
+            sys.executable, "-m", "dflash_train", "train", "--target-model", "smollm2",
+            "--data-dir", str(prepared_data_dir), "--output-dir", str(run), "--run-id", "again",
+            *CPU_TINY.argv(), "--pipeline", "sync", "--max-steps", str(budget),
+            "--resume-from", "latest", *EVAL,
+        ]  # fmt: skip
+        done = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    study = _study(tmp_path / "out", f"base={study_dir / 'base'}", f"again={run}")
+    again = study["variants"][1]
+    assert (again["steps_done"], again["max_steps"], again["state"]) == (6, 6, "completed")
+    assert [p["step"] for p in again["curve"]] == [2, 4, 6]
+    assert again["differs"] == ["max_steps 6"]
+    row = next(r for r in (tmp_path / "out" / "study.md").read_text().splitlines() if "again" in r)
+    assert "| 6 / 6 |" in row

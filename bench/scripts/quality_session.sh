@@ -42,7 +42,8 @@
 #   SYNTH_OPENERS=84000 SYNTH_FREE=16000 GEN_BATCH=2048 bash bench/scripts/quality_session.sh data
 #   bash bench/scripts/quality_session.sh study          # again, until done
 #   DRY=1 OUT=/tmp/dry bash bench/scripts/quality_session.sh study     # the plumbing on a CPU
-# The set then travels instead of being prepared again by the next session (see `pack`):
+# The set can travel back to this side (see `pack`); a new session's checkout has no
+# git-ignored folders, so a later session prepares it again unless the parts are carried anew:
 #   PREP_LIMIT=520 ... quality_session.sh data pack send   # packing takes ~15 s of the call
 #   bash bench/scripts/quality_session.sh send   # only if parts are left (4 a call, 60 MiB)
 #   ... copy each call's data27.* into .data27/ here (make_carry.sh data27 lists the calls)
@@ -59,11 +60,15 @@
 # whole set. Held-out tau is the in-run evaluation on the built-in eval split, 10 prompts x
 # 128 new tokens (run 3's and run 4's curves' measure, though in bfloat16 on a GPU where
 # curve.py decoded in float32), at 12 points of the schedule.
-# Where: one variant per GPU when the machine has several (nvidia-smi -L; round-robin when
-# fewer than seven), else all seven side by side on DEV's GPU. STUDY_STEPS, the one budget,
-# defaults to 3000 with a GPU each (~0.2 s a step alone: two calls) and to 500 on one
-# shared GPU (~1.1 s a step for seven, from run 2's 0.4 s for three, and the evaluations:
-# two calls after the data call, what a 30-minute session has left). STUDY_ONLY="base x2"
+# Where: variant i on GPU i mod the GPUs' count (nvidia-smi -L; STUDY_GPUS), each GPU's
+# variants STUDY_PER_GPU at a time (default 2 on an 80 GiB card, 3 from 120 GiB: seven at
+# once ran out of memory on an H100, 2026-12-06), the next starting as one ends.
+# STUDY_STEPS, the one budget (the whole study's, whichever subset a call trains), defaults
+# to 3000 with a GPU each (~0.2 s a step alone: two calls) and to 500 on one shared GPU
+# (one H100 trained ~4.7-5.8 steps/s over all its trainers, 1 to 3 at a time: 3,500 steps
+# in ~12 minutes with the evaluations, what a session has left after the data call; a
+# 500-step schedule tells the variants apart by little, results/quality_smollm2/
+# study_h100_2026-12-06). STUDY_ONLY="base x2"
 # trains a subset. A call's stop interrupts an evaluation in progress: that point is lost.
 # Wheels in .whl15/ (gguf, datasets, dill, multiprocess); results under $OUT.
 set -uo pipefail
@@ -78,7 +83,12 @@ export DFLASH_CACHE_DIR=${DFLASH_CACHE_DIR:-/tmp/dflash-cache}
 # the drafter's pointwise work (on by default on CUDA since 004e022): seven study trainers
 # would compile at once on the host's cores, and runs 1-4, which the study compares with,
 # ran it eagerly.
-export DFLASH_COMPILE_TARGET=0 DFLASH_ATTENTION=sdpa DFLASH_COMPILE_DRAFTER=0
+# Each can be set for a call (e.g. DFLASH_ATTENTION=flex to time the study's step with
+# the trainer's GPU defaults).
+export DFLASH_COMPILE_TARGET=${DFLASH_COMPILE_TARGET:-0} DFLASH_ATTENTION=${DFLASH_ATTENTION:-sdpa}
+export DFLASH_COMPILE_DRAFTER=${DFLASH_COMPILE_DRAFTER:-0}
+# Trainers side by side on one GPU: blocks freed by one can serve another's other sizes.
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 log() { echo "[$SECONDS s] $*" | tee -a "$OUT/log.txt" >&2; }
 cmd() { echo "$*" >>"$W/commands.txt"; log "+ $*"; "$@"; }
 if [ -d .whl15 ] && [ -z "${DRY:-}" ] && [ ! -f /tmp/site/.installed ]; then
@@ -408,6 +418,41 @@ study_devices() {  # where the variants train: STUDY_GPUS, every GPU when there 
   if [ "${n:-0}" -gt 1 ]; then seq -s ' ' 0 $((n - 1)); else echo "$GPUS"; fi
 }
 
+study_slots() {  # how many variants train at once on one GPU: STUDY_PER_GPU, else by its memory
+  local mib
+  if [ -n "${STUDY_PER_GPU:-}" ]; then echo "$STUDY_PER_GPU"; return; fi
+  if [ "$GPUS" = cpu ]; then echo 7; return; fi
+  # Measured on an H100 (79 GiB, 2026-12-06): three study trainers on one GPU ran out of
+  # memory (layers5 held 36.5 GiB, its two neighbours 21-22 each), seven did from the
+  # start; two side by side trained. 3 where the card has 120 GiB or more (an H200).
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i "${1:-0}" 2>/dev/null | head -1)
+  if [ "${mib:-0}" -ge 120000 ]; then echo 3; else echo 2; fi
+}
+
+study_queue() {  # study_queue DEVICE STEPS EVERY THREADS NAME...: the variants, SLOTS at a time
+  local g=$1 steps=$2 every=$3 threads=$4 slots n run data left running=0
+  shift 4
+  slots=$(study_slots "$g")
+  for n in "$@"; do
+    if [ $running -ge "$slots" ]; then wait -n; running=$((running - 1)); fi
+    # Each variant's limit is what the call has left when it starts: a later one gets less,
+    # stops at a checkpoint, and the next call resumes it.
+    left=$((${STUDY_END_S:-540} - SECONDS))
+    if [ $left -lt 60 ]; then log "study $n: ${left}s left in this call, not started"; continue; fi
+    run=$W/study/$n
+    data=$W/data_x1
+    [[ " $STUDY_X2 " == *" $n "* ]] && data=$W/data
+    log "study $n on $g: $data, to step $steps, eval every $every, ${left}s"
+    # --run-id: `--resume-from latest` finds this variant's newest checkpoint on the next
+    # call (and starts at step 0 on the first); rc 0 only when the schedule completed.
+    (OMP_NUM_THREADS=$threads GPUS=$g SAVE=$every train "$n" "$data" "$run" "$steps" "$left" \
+      --run-id "$n" --resume-from latest --keep-checkpoints 2 --eval-every "$every" \
+      "${STUDY_EVAL[@]}" && touch "$run.done") &
+    running=$((running + 1))
+  done
+  wait
+}
+
 stage_study() {
   TARGET=smollm2
   reassemble || return 1
@@ -416,7 +461,7 @@ stage_study() {
     make_data 60 240 && touch "$W/data.done"  # DRY: SWEEP_PROMPTS' handful of answers
   fi
   halve_data || { log "halving $W/data failed"; return 1; }
-  local devices=() names=() n line run data g k=0 pids=() threads steps every left
+  local devices=() names=() todo=() n line threads steps every i k d pids=() queue
   read -r -a devices <<<"$(study_devices)"
   for line in "${STUDY[@]}"; do
     n=${line%% *}
@@ -425,29 +470,27 @@ stage_study() {
   if [ -n "${DRY:-}" ]; then
     steps=${STUDY_STEPS:-6} every=${STUDY_EVAL_EVERY:-3}
   else
-    steps=${STUDY_STEPS:-$([ ${#devices[@]} -ge ${#names[@]} ] && echo 3000 || echo 500)}
+    # The budget is the whole study's, whichever subset this call trains (STUDY_ONLY): a
+    # call for one variant on one GPU once gave it 3,000 steps against the others' 500.
+    steps=${STUDY_STEPS:-$([ ${#devices[@]} -ge ${#STUDY[@]} ] && echo 3000 || echo 500)}
     every=${STUDY_EVAL_EVERY:-$((steps / 12 > 0 ? steps / 12 : 1))}
   fi
-  # One OpenMP pool per trainer sized to its share of the cores: seven full-size pools on
-  # one host spin against each other in the trainers' CPU work.
-  threads=$(($(nproc) / ${#names[@]} > 0 ? $(nproc) / ${#names[@]} : 1))
-  left=$((${STUDY_END_S:-540} - SECONDS))
-  [ $left -ge 60 ] || left=60
   mkdir -p "$W/study"
   for n in "${names[@]}"; do
-    run=$W/study/$n
     # A finished schedule is not run again: a resume at its last step evaluates that step anew.
-    if [ -f "$run.done" ]; then log "study $n: done earlier"; continue; fi
-    data=$W/data_x1
-    [[ " $STUDY_X2 " == *" $n "* ]] && data=$W/data
-    g=${devices[k % ${#devices[@]}]}
-    k=$((k + 1))
-    log "study $n on $g: $data, to step $steps, eval every $every, ${left}s"
-    # --run-id: `--resume-from latest` finds this variant's newest checkpoint on the next
-    # call (and starts at step 0 on the first); rc 0 only when the schedule completed.
-    (OMP_NUM_THREADS=$threads GPUS=$g SAVE=$every train "$n" "$data" "$run" "$steps" "$left" \
-      --run-id "$n" --resume-from latest --keep-checkpoints 2 --eval-every "$every" \
-      "${STUDY_EVAL[@]}" && touch "$run.done") &
+    if [ -f "$W/study/$n.done" ]; then log "study $n: done earlier"; else todo+=("$n"); fi
+  done
+  # One OpenMP pool per trainer sized to its share of the cores: seven full-size pools on
+  # one host spin against each other in the trainers' CPU work.
+  local at_once=$((${#devices[@]} * $(study_slots "${devices[0]}")))
+  [ $at_once -le ${#todo[@]} ] || at_once=${#todo[@]}
+  threads=$(($(nproc) / (at_once > 0 ? at_once : 1) > 0 ? $(nproc) / (at_once > 0 ? at_once : 1) : 1))
+  # Variant i trains on device i mod the devices' count, each device's queue in order.
+  for i in "${!devices[@]}"; do
+    d=${devices[i]} queue=()
+    for ((k = i; k < ${#todo[@]}; k += ${#devices[@]})); do queue+=("${todo[k]}"); done
+    [ ${#queue[@]} -eq 0 ] && continue
+    study_queue "$d" "$steps" "$every" "$threads" "${queue[@]}" &
     pids+=($!)
   done
   [ ${#pids[@]} -eq 0 ] || wait "${pids[@]}"
