@@ -112,7 +112,9 @@ EVENT_LEVELS = ("info", "warning", "error")
 # has none), `lossless` every output equal to plain greedy decoding, `seconds` what the
 # evaluation took. A target the decoder cannot drive (a hybrid of linear-attention layers,
 # whose recurrent state cannot be cut back after a rejected draft) is scored teacher-forced
-# only: `tau` and `lossless` null, `tau_tf` set, `prompts` 0. Optional: slot_acc
+# only: `tau` and `lossless` null, `tau_tf` set, `prompts` 0. Optional: mismatched (how many
+# of the `prompts` outputs differ from plain greedy: 0 when lossless; in bfloat16 a
+# near-tie can make one differ), slot_acc
 # (teacher-forced per-slot acceptance), round_lengths ([k - 1]: decoding rounds that made k
 # tokens), tau_tf_seen and slot_acc_seen (the same teacher-forced figures on as many
 # training samples as held-out answers, cut to their length: seen against unseen; the

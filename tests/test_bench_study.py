@@ -76,6 +76,7 @@ def test_each_variants_curve_recipe_table_and_plot(study_dir: Path, tmp_path: Pa
         for point in v["curve"]:
             assert point["tau"] >= 1.0 and point["score"] == point["tau"]
             assert (point["prompts"], point["tokens"], point["lossless"]) == (1, 8, True)
+            assert point["mismatched"] == 0
         assert v["final_step"] == 4 and v["final_tau"] == v["curve"][-1]["tau"]
         assert v["best_tau"] == max(p["tau"] for p in v["curve"])
         assert (v["steps_done"], v["max_steps"], v["state"]) == (STEPS, STEPS, "completed")

@@ -157,6 +157,8 @@ def _tau(point: dict[str, Any] | None) -> str:
         return "–"
     kind = "" if point["tau"] is not None else " tf"  # a hybrid target's: teacher-forced
     lossless = "" if point["lossless"] is not False else ", NOT lossless"
+    if lossless and isinstance(point.get("mismatched"), int):
+        lossless += f" ({point['mismatched']}/{point['prompts']})"
     return f"{point['score']:.3f}{kind} @{point['step']:,}{lossless}"
 
 

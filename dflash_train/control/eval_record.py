@@ -21,6 +21,12 @@ from dflash_train.stream.append import append_line
 from dflash_train.stream.eval_inbox import inbox_dir
 
 
+def _differ(fields: Mapping[str, Any]) -> str:
+    """How many outputs differ, where the event says (an older trainer's does not)."""
+    mismatched = fields.get("mismatched")
+    return f" ({mismatched} of {fields['prompts']} differ)" if isinstance(mismatched, int) else ""
+
+
 def event_line_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     """The `event` line's fields for an evaluation's figures (level, code, message added)."""
     tau_tf = fields.get("tau_tf")
@@ -33,7 +39,7 @@ def event_line_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     message = (
         f"held-out tau {fields['tau']:.3f} at step {fields['step']}"
         + ("" if tau_tf is None else f" (teacher-forced {tau_tf:.3f})")
-        + ("" if fields["lossless"] else "; NOT lossless")
+        + ("" if fields["lossless"] else f"; NOT lossless{_differ(fields)}")
         + f", {fields['prompts']} prompts, {fields['seconds']:.1f} s"
         + (" (by hand)" if fields.get("source") == "manual" else "")
     )

@@ -139,6 +139,7 @@ def event_fields(
         "tau_tf": None if tau_tf is None else round(tau_tf, 4),
         "slot_acc": [round(a, 4) for a in slot_acc],
         "lossless": summary.lossless,
+        "mismatched": len(summary.mismatches),
         "prompts": summary.prompts,
         "tokens": tokens,
         "generated_tokens": summary.generated_tokens,

@@ -299,7 +299,7 @@ class MonitorThread(threading.Thread):
         """W&B gets a held-out evaluation's numbers under its step."""
         if self.wandb is None:
             return
-        names = ("tau", "tau_tf", "tau_tf_seen", "seconds")
+        names = ("tau", "tau_tf", "tau_tf_seen", "mismatched", "seconds")
         figures = {f"eval/{k}": fields[k] for k in names if fields.get(k) is not None}
         if fields.get("lossless") is not None:  # None: a hybrid's, nothing decoded
             figures["eval/lossless"] = int(bool(fields["lossless"]))

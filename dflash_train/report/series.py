@@ -255,8 +255,8 @@ def _on_start(series: RunSeries, obj: dict[str, Any], step: int, t: float) -> No
 
 # What an `eval` event reports beside its step and tau (missing ones read None).
 _EVAL_FIGURES = (
-    "tau_tf", "lossless", "prompts", "tokens", "seconds", "dtype", "blocks", "round_lengths",
-    "tau_tf_seen",
+    "tau_tf", "lossless", "mismatched", "prompts", "tokens", "seconds", "dtype", "blocks",
+    "round_lengths", "tau_tf_seen",
 )  # fmt: skip
 
 

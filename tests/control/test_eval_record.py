@@ -14,7 +14,10 @@ from typing import Any
 import pytest
 
 from dflash_train import protocol
-from dflash_train.control.eval_record import record_event
+from dflash_train.control.eval_record import event_line_fields, record_event
+from dflash_train.decode.evaluation import summarize
+from dflash_train.decode.heldout_figures import event_fields
+from dflash_train.decode.speculative import Generation
 from dflash_train.pipeline.monitor import MonitorIntervals, MonitorThread
 from dflash_train.pipeline.stage_timers import StageTimers
 from dflash_train.rundir import RunDir, RunLock
@@ -114,3 +117,25 @@ def test_a_run_without_a_stream_is_refused(tmp_path: Path) -> None:
     run_dir.root.mkdir()
     with pytest.raises(ValueError, match="holds no line to append to"):
         record_event(run_dir, FIGURES)
+
+
+def test_a_not_lossless_evaluation_says_how_many_outputs_differ() -> None:
+    # Two prompts decoded speculatively against plain greedy: the second's second token
+    # differs (as a bfloat16 near-tie can make it), the first's are equal.
+    spec = [Generation((1, 2, 3), 2, (2, 1)), Generation((4, 5), 2, (1, 1))]
+    plain = [Generation((1, 2, 3), 4), Generation((4, 6), 3)]
+    fields = event_fields(summarize(spec, plain, 16), [], None, 8) | {"step": 7, "seconds": 1.0}
+    assert (fields["lossless"], fields["mismatched"], fields["prompts"]) == (False, 1, 2)
+    line = event_line_fields(fields)
+    assert (
+        line["message"]
+        == "held-out tau 1.250 at step 7; NOT lossless (1 of 2 differ), 2 prompts, 1.0 s"
+    )
+    protocol.encode_line("event", seq=0, run="r1", **line)  # a valid event line
+    # An older trainer's event has no count: the message says only that.
+    older = event_line_fields({k: v for k, v in fields.items() if k != "mismatched"})
+    assert "; NOT lossless, 2 prompts" in older["message"]
+    # Lossless: no count, whatever the field says.
+    equal = event_fields(summarize(spec[:1], plain[:1], 16), [], None, 8)
+    assert equal["mismatched"] == 0
+    assert "lossless" not in event_line_fields(equal | {"step": 7, "seconds": 1.0})["message"]

@@ -144,6 +144,7 @@ def test_eval_events_at_the_configured_steps_and_in_wandb(eval_run: Path) -> Non
     for event in events:
         assert event["level"] == "info" and event["prompts"] == 2 and event["tokens"] == 16
         assert event["tau"] >= 1.0 and event["tau_tf"] >= 1.0 and event["lossless"] is True
+        assert event["mismatched"] == 0
         assert len(event["slot_acc"]) == 3 and event["dtype"] == "float32"
         assert event["seconds"] > 0 and f"held-out tau {event['tau']:.3f}" in event["message"]
         assert set(event["phases_s"]) == {
@@ -156,6 +157,7 @@ def test_eval_events_at_the_configured_steps_and_in_wandb(eval_run: Path) -> Non
     rows = {r["_step"]: r for r in history_rows(eval_run) if "eval/tau" in r}
     assert sorted(rows) == [3, 6]
     assert [rows[e["step"]]["eval/tau_tf"] for e in events] == [e["tau_tf"] for e in events]
+    assert [rows[e["step"]]["eval/mismatched"] for e in events] == [0, 0]
     seen = [rows[e["step"]]["eval/tau_tf_seen"] for e in events]
     assert seen == [e["tau_tf_seen"] for e in events]
     # The run still exported and ended normally after its evaluations.
@@ -177,6 +179,7 @@ def test_a_separate_eval_of_the_checkpoint_gives_the_same_numbers_and_is_recorde
     assert (data["tau"], data["tau_tf"], data["lossless"]) == (
         event["tau"], event["tau_tf"], event["lossless"],
     )  # fmt: skip
+    assert len(data["mismatched_prompts"]) == event["mismatched"] == 0
     assert data["slot_acc"] == event["slot_acc"] and data["blocks"] == event["blocks"]
     assert data["round_lengths"] == event["round_lengths"]
     assert sum(event["round_lengths"]) == event["blocks"]
