@@ -65,10 +65,10 @@
 # once ran out of memory on an H100, 2026-12-06), the next starting as one ends.
 # STUDY_STEPS, the one budget (the whole study's, whichever subset a call trains), defaults
 # to 3000 with a GPU each (~0.2 s a step alone: two calls) and to 500 on one shared GPU
-# (one H100 trained ~4.7-5.8 steps/s over all its trainers, 1 to 3 at a time: 3,500 steps
-# in ~12 minutes with the evaluations, what a session has left after the data call; a
-# 500-step schedule tells the variants apart by little, results/quality_smollm2/
-# study_h100_2026-12-06). STUDY_ONLY="base x2"
+# (one H100, two side by side: 3.1-3.9 steps/s together by the calls' wall time, start-up
+# and evaluations included, so 7 x 500 steps take ~17 minutes, more than a session has
+# after its data call; and 500 steps tell the variants apart by little:
+# results/quality_smollm2/study_h100_2026-12-06). STUDY_ONLY="base x2"
 # trains a subset. A call's stop interrupts an evaluation in progress: that point is lost.
 # Wheels in .whl15/ (gguf, datasets, dill, multiprocess); results under $OUT.
 set -uo pipefail
