@@ -423,7 +423,7 @@ study_slots() {  # how many variants train at once on one GPU: STUDY_PER_GPU, el
   if [ -n "${STUDY_PER_GPU:-}" ]; then echo "$STUDY_PER_GPU"; return; fi
   if [ "$GPUS" = cpu ]; then echo 7; return; fi
   # Measured on an H100 (79 GiB, 2026-12-06): three study trainers on one GPU ran out of
-  # memory (layers5 held 36.5 GiB, its two neighbours 21-22 each), seven did from the
+  # memory (layers5 held 36.5 GiB, its two neighbours about 21 each), seven did from the
   # start; two side by side trained. 3 where the card has 120 GiB or more (an H200).
   mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i "${1:-0}" 2>/dev/null | head -1)
   if [ "${mib:-0}" -ge 120000 ]; then echo 3; else echo 2; fi
