@@ -110,9 +110,9 @@ CPU_README = _recipe(
     tokens_per_batch="1024",
     max_length="512",
     # The held-out evaluation sized for a CPU (the defaults, 16 x 128, take minutes there),
-    # every 100 steps (~8 minutes of steps on two cores; each checkpointed first) rather than
-    # at the checkpoints only, every 500 steps: τ came 40 minutes into the run. With README's
-    # 8 held-out prompts an evaluation took 38.6 s there (2026-12-06).
+    # every 100 steps (each checkpointed first) rather than at the checkpoints only, every
+    # 500: on two idle cores with README's data (8 held out), step 100 came 182 s after
+    # run_start and its evaluation took 47.6 s (the next 32.4 s: greedy decoding is kept).
     eval_prompts="4",
     eval_tokens="64",
     eval_every="100",
