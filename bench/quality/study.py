@@ -90,16 +90,6 @@ def _recorded_config(run_dir: Path) -> dict[str, Any]:
     return {k: v for part in sections.values() if isinstance(part, dict) for k, v in part.items()}
 
 
-def _last_start_config(stream: Path) -> dict[str, Any]:
-    config: dict[str, Any] = {}
-    with stream.open("rb") as fh:
-        for raw in fh:
-            line = protocol.decode_line(raw)
-            if isinstance(line, protocol.StatusLine) and line.kind == "run_start":
-                config = dict(line.get("config") or {})
-    return config
-
-
 def read_variant(name: str, run_dir: Path) -> Variant:
     variant = Variant(name, run_dir)
     stream = RunDir.at(run_dir).status
@@ -110,7 +100,7 @@ def read_variant(name: str, run_dir: Path) -> Variant:
     start = series.start
     # The newest start's recipe: a variant that failed and was started again with another
     # budget (a session's call for it alone) trained on that one, not the first's.
-    variant.config = _last_start_config(stream) or _recorded_config(run_dir)
+    variant.config = dict(series.newest_start.get("config") or {}) or _recorded_config(run_dir)
     variant.layer_ids = start.get("layer_ids")
     variant.dataset = dict(start.get("dataset") or {})
     variant.curve = eval_points(series)

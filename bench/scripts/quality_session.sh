@@ -484,7 +484,9 @@ stage_study() {
   # one host spin against each other in the trainers' CPU work.
   local at_once=$((${#devices[@]} * $(study_slots "${devices[0]}")))
   [ $at_once -le ${#todo[@]} ] || at_once=${#todo[@]}
-  threads=$(($(nproc) / (at_once > 0 ? at_once : 1) > 0 ? $(nproc) / (at_once > 0 ? at_once : 1) : 1))
+  [ $at_once -ge 1 ] || at_once=1
+  threads=$(($(nproc) / at_once))
+  [ $threads -ge 1 ] || threads=1
   # Variant i trains on device i mod the devices' count, each device's queue in order.
   for i in "${!devices[@]}"; do
     d=${devices[i]} queue=()

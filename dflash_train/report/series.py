@@ -35,6 +35,7 @@ class RunSeries:
     path: Path
     run_ids: list[str] = field(default_factory=list)
     start: dict[str, Any] = field(default_factory=dict)  # the first run_start's fields
+    newest_start: dict[str, Any] = field(default_factory=dict)  # the last run_start's
     end: dict[str, Any] | None = None  # the last run_end's fields
     first_t: float | None = None
     last_t: float | None = None
@@ -246,8 +247,9 @@ def _on_line(series: RunSeries, obj: dict[str, Any], step: int, t: float) -> Non
 def _on_start(series: RunSeries, obj: dict[str, Any], step: int, t: float) -> None:
     if obj["run"] not in series.run_ids:
         series.run_ids.append(obj["run"])
+    series.newest_start = {k: v for k, v in obj.items() if k not in protocol.ENVELOPE}
     if not series.start:
-        series.start = {k: v for k, v in obj.items() if k not in protocol.ENVELOPE}
+        series.start = series.newest_start
         return
     resumed = obj.get("start_step", step)
     series.restarts.append(Mark(float(resumed if isinstance(resumed, int) else step), t, "restart"))
