@@ -61,15 +61,15 @@
 # 128 new tokens (run 3's and run 4's curves' measure, though in bfloat16 on a GPU where
 # curve.py decoded in float32), at 12 points of the schedule.
 # Where: variant i on GPU i mod the GPUs' count (nvidia-smi -L; STUDY_GPUS), each GPU's
-# variants STUDY_PER_GPU at a time (default 2 on an 80 GiB card, 3 from 120 GiB: seven at
-# once ran out of memory on an H100, 2026-12-06), the next starting as one ends.
+# variants STUDY_PER_GPU at a time (default 1 on an 80 GiB card, 2 from 120 GiB: seven at
+# once ran out of memory on an H100, and so did `layers5` beside `base`, 2026-12-06), the
+# next starting as one ends.
 # STUDY_STEPS, the one budget (the whole study's, whichever subset a call trains), defaults
-# to 3000 with a GPU each (~0.2 s a step alone: two calls) and to 500 on one shared GPU
-# (one H100, two side by side: 3.1-3.9 steps/s together by the calls' wall time, start-up
-# and evaluations included, so 7 x 500 steps take ~17 minutes, more than a session has
-# after its data call; and 500 steps tell the variants apart by little:
-# results/quality_smollm2/study_h100_2026-12-06). STUDY_ONLY="base x2"
-# trains a subset. A call's stop interrupts an evaluation in progress: that point is lost.
+# to 3000 with a GPU each (~0.2 s a step alone: two calls) and to 1500 on one shared GPU:
+# 500 told the variants apart by little (results/quality_smollm2/study_h100_2026-12-06),
+# 1500 did (study1500_h100_2026-12-06: on one H100, alone, 376 s of a call for `base` and
+# 444 s for `layers5`, loading and 12 evaluations included; so three 2-layer variants a
+# session beside its data call). STUDY_ONLY="base x2" trains a subset. A call's stop interrupts an evaluation in progress: that point is lost.
 # Wheels in .whl15/ (gguf, datasets, dill, multiprocess); results under $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/quality_out}
@@ -422,11 +422,13 @@ study_slots() {  # how many variants train at once on one GPU: STUDY_PER_GPU, el
   local mib
   if [ -n "${STUDY_PER_GPU:-}" ]; then echo "$STUDY_PER_GPU"; return; fi
   if [ "$GPUS" = cpu ]; then echo 7; return; fi
-  # Measured on an H100 (79 GiB, 2026-12-06): three study trainers on one GPU ran out of
-  # memory (layers5 held 36.5 GiB, its two neighbours about 21 each), seven did from the
-  # start; two side by side trained. 3 where the card has 120 GiB or more (an H200).
+  # Measured on an H100 (79 GiB, 2026-12-06): three or more study trainers on one GPU ran
+  # out of memory; `layers5` ran out beside `base` (52.4 GiB against 26.6), while 2-layer
+  # pairs trained. A pair gains little over one alone: 5.84 and 4.67 steps/s together
+  # (from the streams), 5.43 for `base` alone. So one at a time on an 80 GiB card, two from
+  # 120 GiB (an H200: `layers5` and a neighbour need ~79).
   mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i "${1:-0}" 2>/dev/null | head -1)
-  if [ "${mib:-0}" -ge 120000 ]; then echo 3; else echo 2; fi
+  if [ "${mib:-0}" -ge 120000 ]; then echo 2; else echo 1; fi
 }
 
 study_queue() {  # study_queue DEVICE STEPS EVERY THREADS NAME...: the variants, SLOTS at a time
@@ -472,7 +474,7 @@ stage_study() {
   else
     # The budget is the whole study's, whichever subset this call trains (STUDY_ONLY): a
     # call for one variant on one GPU once gave it 3,000 steps against the others' 500.
-    steps=${STUDY_STEPS:-$([ ${#devices[@]} -ge ${#STUDY[@]} ] && echo 3000 || echo 500)}
+    steps=${STUDY_STEPS:-$([ ${#devices[@]} -ge ${#STUDY[@]} ] && echo 3000 || echo 1500)}
     every=${STUDY_EVAL_EVERY:-$((steps / 12 > 0 ? steps / 12 : 1))}
   fi
   mkdir -p "$W/study"
