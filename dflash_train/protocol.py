@@ -44,6 +44,9 @@ KINDS: dict[str, dict[str, tuple[type, ...]]] = {
         "pid": (int,),
         "host": (str,),
     },
+    # acc: the drafts' accuracy on the interval's training blocks, slots averaged; tau: those
+    # blocks' teacher-forced acceptance length (1 + the mean leading run of right drafts:
+    # what rounds would accept); optional slot_acc: each slot's accuracy.
     "step": {
         "step": (int,),
         "epoch": (int,),
@@ -115,7 +118,7 @@ EVENT_LEVELS = ("info", "warning", "error")
 # only: `tau` and `lossless` null, `tau_tf` set, `prompts` 0. Optional: mismatched (how many
 # of the `prompts` outputs differ from plain greedy: 0 when lossless; in bfloat16 a
 # near-tie can make one differ), slot_acc
-# (teacher-forced per-slot acceptance), round_lengths ([k - 1]: decoding rounds that made k
+# (teacher-forced per-slot accuracy), round_lengths ([k - 1]: decoding rounds that made k
 # tokens), tau_tf_seen and slot_acc_seen (the same teacher-forced figures on as many
 # training samples as held-out answers, cut to their length: seen against unseen; the
 # run's own), dtype, device, block_size, checkpoint (its path), source ("run" or "manual"),

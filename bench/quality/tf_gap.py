@@ -30,6 +30,7 @@ from dflash_train.checkpoint.export import load_any_drafter
 from dflash_train.data.dataset import load_dataset_dir
 from dflash_train.data.heldout import heldout_path, load_heldout
 from dflash_train.decode.heldout_figures import teacher_forced
+from dflash_train.model.dflash_loss import tau_from_slot_acc
 from dflash_train.targets.frozen_target import load_target
 
 
@@ -85,6 +86,9 @@ def main() -> int:
             "answer_tokens": answer_tokens,
             "slot_acc": [round(a, 4) for a in acc],
             "tau_tf": None if tau is None else round(tau, 4),
+            # what tau_tf read before 2026-12-06: the slots' accuracies multiplied, which
+            # reads low where misses come together (dflash_loss.tau_from_slot_acc)
+            "tau_tf_slot_product": round(tau_from_slot_acc(acc), 4) if acc else None,
             "seconds": round(time.monotonic() - began, 1),
         }
         first = f"{acc[0]:.1%}" if acc else "-"

@@ -42,8 +42,9 @@ def teacher_forced(
     row_tokens: int = ROW_TOKENS,
     query_tokens: int | None = None,
 ) -> tuple[list[float], float | None]:
-    """Per-slot acceptance (slot j right given slots < j right, as the training tau reads
-    it) over every anchor of each answer, and the tau it implies; ([], None) without rows.
+    """Per-slot accuracy over every anchor of each answer and the acceptance length of
+    those blocks (the leading run of right drafts, as the training tau reads it); ([],
+    None) without rows.
     Rows of like length share a right-padded target forward (causal: the padding changes
     no real position) of at most `row_tokens` tokens; their blocks go through the drafter
     `query_tokens` queries at a time (QUERY_TOKENS for the device when None).
@@ -63,8 +64,8 @@ def teacher_forced(
     kept = sorted((r for r in counted if r[2]), key=lambda r: len(r[0]), reverse=True)
     # Summed where they are made, read once at the end: a read per batch made the host wait
     # for the device, where it can queue the next batch's kernels instead.
-    correct = torch.zeros(size - 1, dtype=torch.float64, device=device)
-    total = torch.zeros(size - 1, dtype=torch.float64, device=device)
+    # slot_correct, slot_total, run_correct, run_total (dflash_loss.LossOutput)
+    sums = torch.zeros(4, size - 1, dtype=torch.float64, device=device)
     for batch in _batches(kept, row_tokens):
         if before_batch is not None:
             before_batch()
@@ -82,13 +83,12 @@ def teacher_forced(
                 view, target.embed_tokens, target.lm_head, context, seq, loss_mask,
                 anchors[:, first : first + step], valid[:, first : first + step],
             )  # fmt: skip
-            correct += out.slot_correct.double()
-            total += out.slot_total.double()
-    correct, total = correct.cpu(), total.cpu()
+            sums += torch.stack((out.slot_correct, out.slot_total, out.run_correct, out.run_total))
+    correct, total, run_correct, run_total = sums.cpu()
     if not float(total.sum()):
         return [], None
     acc = (correct / total.clamp_min(1)).tolist()
-    return acc, tau_from_slot_acc(acc)
+    return acc, tau_from_slot_acc((run_correct / run_total.clamp_min(1)).tolist())
 
 
 def _batches(rows: list[_Counted], row_tokens: int) -> list[list[_Counted]]:

@@ -20,9 +20,11 @@ if TYPE_CHECKING:
     from dflash_train.pipeline.sources import HiddenBatch
     from dflash_train.pipeline.stage_timers import StageTimers
 
-# Layout of the metrics buffer: scalars, then slot_correct[B-1], then slot_total[B-1].
+# Layout of the metrics buffer: scalars, then slot_correct, slot_total, run_correct and
+# run_total, [B-1] each (dflash_loss.LossOutput).
 LOSS_SUM, GRAD_NORM_SUM, STEPS, GOOD_STEPS, BAD_STEPS, MAX_STREAK = range(6)
 N_SCALARS = 6
+N_SLOT_SUMS = 4
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,9 @@ class DrafterStepper:
             self.optimizer, config.warmup_steps, max(1, config.total_steps)
         )
         slots = config.block_size - 1
-        self._metrics = torch.zeros(N_SCALARS + 2 * slots, device=device, dtype=torch.float32)
+        self._metrics = torch.zeros(
+            N_SCALARS + N_SLOT_SUMS * slots, device=device, dtype=torch.float32
+        )
         self._streak = torch.zeros((), device=device, dtype=torch.float32)
         self._pinned = device.type == "cuda"
         self._slots = _PinnedSlots(tuple(self._metrics.shape)) if self._pinned else None
@@ -208,10 +212,10 @@ class DrafterStepper:
         m[GOOD_STEPS] += good
         m[BAD_STEPS] += bad.float()
         m[MAX_STREAK] = torch.maximum(m[MAX_STREAK], self._streak)
-        correct = out.slot_correct.detach().float()
-        total = out.slot_total.detach().float()
-        m[N_SCALARS : N_SCALARS + slots] += torch.where(bad, 0.0, correct)
-        m[N_SCALARS + slots :] += torch.where(bad, 0.0, total)
+        sums = (out.slot_correct, out.slot_total, out.run_correct, out.run_total)
+        for i, values in enumerate(sums):
+            at = N_SCALARS + i * slots
+            m[at : at + slots] += torch.where(bad, 0.0, values.detach().float())
 
     def snapshot(self) -> MetricsSnapshot:
         """Start copying the interval's sums to the host and reset them (no host sync)."""
@@ -292,24 +296,38 @@ class IntervalFigures:
     steps: int
     bad_steps: int
     max_streak: int
-    slot_acc: list[float]
+    slot_acc: list[float]  # slot j's accuracy
+    run_acc: list[float]  # slot j's acceptance, given slots < j right
 
     @property
     def acc(self) -> float | None:
         return sum(self.slot_acc) / len(self.slot_acc) if self.slot_acc else None
 
+    @property
+    def tau(self) -> float | None:
+        """The teacher-forced acceptance length of the interval's blocks."""
+        from dflash_train.model.dflash_loss import tau_from_slot_acc
+
+        return tau_from_slot_acc(self.run_acc) if self.run_acc else None
+
 
 def decode_interval(values: list[float], block_size: int) -> IntervalFigures:
     slots = block_size - 1
     good = values[GOOD_STEPS]
-    correct = values[N_SCALARS : N_SCALARS + slots]
-    total = values[N_SCALARS + slots : N_SCALARS + 2 * slots]
-    slot_acc = [c / t if t > 0 else 0.0 for c, t in zip(correct, total, strict=True)]
+    correct, total, run_correct, run_total = (
+        values[N_SCALARS + i * slots : N_SCALARS + (i + 1) * slots] for i in range(N_SLOT_SUMS)
+    )
+    counted = any(t > 0 for t in total)
     return IntervalFigures(
         loss=values[LOSS_SUM] / good if good else None,
         grad_norm=values[GRAD_NORM_SUM] / good if good else None,
         steps=int(values[STEPS]),
         bad_steps=int(values[BAD_STEPS]),
         max_streak=int(values[MAX_STREAK]),
-        slot_acc=slot_acc if any(t > 0 for t in total) else [],
+        slot_acc=_ratios(correct, total) if counted else [],
+        run_acc=_ratios(run_correct, run_total) if counted else [],
     )
+
+
+def _ratios(numerators: list[float], denominators: list[float]) -> list[float]:
+    return [n / d if d > 0 else 0.0 for n, d in zip(numerators, denominators, strict=True)]

@@ -247,13 +247,11 @@ class MonitorThread(threading.Thread):
             self.writer.write(kind, **fields)
 
     def _write_step(self, record: StepRecord) -> None:
-        from dflash_train.model.dflash_loss import tau_from_slot_acc
-
         figures = decode_interval(record.metrics.wait(), self.block_size)
         elapsed = max(1e-9, record.at - self._last_step_at)
         self._last_step_at = record.at
         ktok_s = record.tokens_interval / elapsed / 1000.0
-        tau = tau_from_slot_acc(figures.slot_acc) if figures.slot_acc else None
+        tau = figures.tau
         fields = {
             "step": record.step,
             "epoch": record.epoch,

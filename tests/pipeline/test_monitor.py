@@ -21,6 +21,7 @@ from dflash_train.pipeline.drafter_step import (
     LOSS_SUM,
     MAX_STREAK,
     N_SCALARS,
+    N_SLOT_SUMS,
     STEPS,
     MetricsSnapshot,
 )
@@ -34,14 +35,16 @@ FAST = MonitorIntervals(tick=0.02, queue=0.15, gpu=0.15, control=0.05, heartbeat
 
 
 def _snapshot(*, loss: float, steps: int, bad: int = 0, streak: int = 0) -> MetricsSnapshot:
-    values = torch.zeros(N_SCALARS + 2 * (BLOCK - 1))
+    values = torch.zeros(N_SCALARS + N_SLOT_SUMS * (BLOCK - 1))
     good = steps - bad
     values[LOSS_SUM] = loss * good
     values[GRAD_NORM_SUM] = 0.5 * good
     values[STEPS], values[GOOD_STEPS], values[BAD_STEPS] = steps, good, bad
     values[MAX_STREAK] = streak
-    values[N_SCALARS : N_SCALARS + BLOCK - 1] = torch.tensor([8.0, 4.0, 2.0])
-    values[N_SCALARS + BLOCK - 1 :] = 10.0
+    # slot_correct, slot_total, run_correct, run_total: 10 blocks whose slots are right
+    # 8, 6 and 4 times, in leading runs that reach slot 1 in 8 blocks, 2 in 6, 3 in 3
+    sums = ([8.0, 6.0, 4.0], [10.0] * 3, [8.0, 6.0, 3.0], [10.0, 8.0, 6.0])
+    values[N_SCALARS:] = torch.tensor(sums).flatten()
     return MetricsSnapshot(values, None)
 
 
@@ -135,8 +138,10 @@ def test_monitor_writes_steps_queue_gpu_profile_control_and_heartbeat(tmp_path: 
     assert [line.seq for line in lines] == list(range(len(lines)))
     step = next(line for line in lines if line.kind == "step")
     assert step["loss"] == 2.5 and step["tokens"] == 2000 and step["ktok_s"] > 0
-    # tau = 1 + a1 + a1*a2 + a1*a2*a3 with a = 0.8, 0.4, 0.2
-    assert abs(step["tau"] - (1 + 0.8 + 0.32 + 0.064)) < 1e-6
+    assert abs(step["acc"] - 0.6) < 1e-6  # the slots' accuracies, 0.8, 0.6 and 0.4
+    # tau: 1 + the mean leading run (8 + 6 + 3 slots over 10 blocks), not the product of
+    # the slots' accuracies (1 + 0.8 + 0.48 + 0.192)
+    assert abs(step["tau"] - 2.7) < 1e-6
     assert kinds.index("checkpoint") == kinds.index("step") + 1  # queued order kept
     applied = next(line for line in lines if line.get("code") == "control_applied")
     assert applied["rev"] == 4 and applied["settings"]["hs_min_ready"] == 5

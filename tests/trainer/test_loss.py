@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from drafter_fixtures import VOCAB, frozen_head, random_context, tiny_drafter
+from torch import nn
 
 from dflash_train.model import dflash_loss
 from dflash_train.model.dflash_loss import (
@@ -169,13 +170,25 @@ def test_slot_j_is_scored_against_the_token_at_anchor_plus_j() -> None:
     torch.testing.assert_close(out.weight_sum, (slot_decay(SIZE) * out.slot_total).sum())
 
 
-def test_slot_accuracy_counts_argmax_hits_at_the_same_position() -> None:
+ANCHORS, BOTH_VALID = torch.tensor([[2, 6]]), torch.tensor([[True, True]])
+
+
+def _two_blocks() -> tuple[
+    DFlashDrafter, nn.Module, nn.Module, torch.Tensor, torch.Tensor, torch.Tensor
+]:
+    """A tiny drafter, its frozen embedding and head, a random context and ids of one row,
+    and the drafter's logits [1, 2, SIZE, VOCAB] for blocks anchored at 2 and 6 (ANCHORS)."""
     drafter = tiny_drafter()
     embed, head = frozen_head()
     input_ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(4))
-    anchors, valid = torch.tensor([[2, 6]]), torch.tensor([[True, True]])
     context = random_context(1, 12)
-    logits = _block_logits(drafter, context, input_ids.gather(1, anchors), anchors)
+    logits = _block_logits(drafter, context, input_ids.gather(1, ANCHORS), ANCHORS)
+    return drafter, embed, head, context, input_ids, logits
+
+
+def test_slot_accuracy_counts_argmax_hits_at_the_same_position() -> None:
+    drafter, embed, head, context, input_ids, logits = _two_blocks()
+    anchors, valid = ANCHORS, BOTH_VALID
     # Make the labels what the drafter predicts at slots 1 and 3 of block 0.
     ids = input_ids.clone()
     ids[0, 3] = logits[0, 0, 1].argmax()
@@ -186,6 +199,34 @@ def test_slot_accuracy_counts_argmax_hits_at_the_same_position() -> None:
     out = dflash_forward_loss(drafter, embed, head, context, ids, ones, anchors, valid)
     assert out.slot_correct.tolist() == [1.0, 0.0, 1.0]
     assert out.slot_total.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_run_counts_keep_each_blocks_leading_run_of_right_drafts() -> None:
+    """What a round accepts is the leading run of right drafts: tau from the run counts is
+    1 + the mean run, where the slots' accuracies multiplied read low when misses come
+    together."""
+    drafter, embed, head, context, input_ids, logits = _two_blocks()
+    anchors, valid = ANCHORS, BOTH_VALID
+    predicted = logits.argmax(-1)  # [1, blocks, SIZE]
+    ids = input_ids.clone()
+    # block 0 (labels at 3..5): right, right, wrong; block 1 (7..9): wrong, wrong, right
+    ids[0, 3:6] = predicted[0, 0, 1:] + torch.tensor([0, 0, 1])
+    ids[0, 7:10] = predicted[0, 1, 1:] + torch.tensor([1, 1, 0])
+    ids = ids % VOCAB
+    ones = torch.ones_like(ids)
+    out = dflash_forward_loss(drafter, embed, head, context, ids, ones, anchors, valid)
+    assert out.slot_correct.tolist() == [1.0, 1.0, 1.0]
+    assert out.run_correct.tolist() == [1.0, 1.0, 0.0]  # runs of 2 and 0
+    assert out.run_total.tolist() == [2.0, 1.0, 1.0]
+    runs = (out.run_correct / out.run_total).tolist()
+    assert tau_from_slot_acc(runs) == 1 + (2 + 0) / 2
+    assert tau_from_slot_acc((out.slot_correct / out.slot_total).tolist()) == 1.875
+    # A label past the answer's end (loss mask 0) ends block 0's count at its slot 3.
+    mask = ones.clone()
+    mask[0, 5] = 0
+    cut = dflash_forward_loss(drafter, embed, head, context, ids, mask, anchors, valid)
+    assert cut.run_correct.tolist() == [1.0, 1.0, 0.0]
+    assert cut.run_total.tolist() == [2.0, 1.0, 0.0]
 
 
 def test_invalid_anchors_carry_no_loss() -> None:
