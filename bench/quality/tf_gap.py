@@ -1,9 +1,10 @@
 """Where the first draft's held-out gap sits. Run 4's drafter keeps its first draft in 55.6 %
 of held-out decoding rounds but is right at slot 1 in 74 % of anchors of its training
-batches. Teacher-forced per-slot acceptance (every anchor of every answer, as the in-run
-held-out evaluation scores it) of one export on answers it trained on and on answers it never
-saw tells whether the gap is the prompts (seen against unseen, both teacher-forced) or the
-decoding (unseen teacher-forced against the decoding's first-draft share).
+batches. Teacher-forced per-slot accuracy and τ (every anchor of every answer, as the in-run
+held-out evaluation scores it: τ is 1 + the mean leading run of right drafts) of one export on
+answers it trained on and on answers it never saw tells whether the gap is the prompts (seen
+against unseen, both teacher-forced) or the decoding (unseen teacher-forced against the
+decoding's first-draft share and τ).
 
     dflash-train prepare --target-model smollm2 --prompts builtin --samples 40 \\
         --max-new-tokens 256 --batch-size 40 --out /tmp/tfgap/data
