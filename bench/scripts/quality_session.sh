@@ -69,7 +69,8 @@
 # 500 told the variants apart by little (results/quality_smollm2/study_h100_2026-12-06),
 # 1500 did (study1500_h100_2026-12-06: on one H100, alone, 376 s of a call for `base` and
 # 444 s for `layers5`, loading and 12 evaluations included; so three 2-layer variants a
-# session beside its data call). STUDY_ONLY="base x2" trains a subset. A call's stop interrupts an evaluation in progress: that point is lost.
+# session beside its data call). STUDY_ONLY="base x2" trains a subset. A call's stop
+# interrupts an evaluation in progress: that point is lost.
 # Wheels in .whl15/ (gguf, datasets, dill, multiprocess); results under $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/quality_out}
