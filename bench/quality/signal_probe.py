@@ -56,7 +56,7 @@ def main() -> int:
     from dflash_train.model.dflash_loss import (
         dflash_forward_loss,
         sample_anchors,
-        tau_from_slot_acc,
+        tau_from_sums,
     )
     from dflash_train.model.drafter import DFlashDrafter, drafter_config_for_target
     from dflash_train.targets.frozen_target import extract_context, load_target
@@ -92,8 +92,7 @@ def main() -> int:
         ctx = extract_context(target, seq, None, config.target_layer_ids)
         contexts.append((seq, torch.tensor([mask], device=args.device), ctx.float().clone()))
     generator = torch.Generator(device=args.device).manual_seed(0)
-    # slot_correct, slot_total, run_correct, run_total (dflash_loss.LossOutput)
-    sums = torch.zeros(4, args.block_size - 1)
+    sums = torch.zeros(4, args.block_size - 1)  # LossOutput.slot_sums
     for step in range(1, args.steps + 1):
         optimizer.zero_grad()
         picks = torch.randint(len(contexts), (args.batch,)).tolist()
@@ -104,23 +103,17 @@ def main() -> int:
                 drafter, target.embed_tokens, target.lm_head, ctx, seq, mask, anchors, valid
             )
             (out.loss / args.batch).backward()
-            sums += (
-                torch.stack((out.slot_correct, out.slot_total, out.run_correct, out.run_total))
-                .detach()
-                .cpu()
-            )
+            sums += out.slot_sums().detach().cpu()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
         optimizer.step()
         if step % 25 == 0:
-            correct, total, run_correct, run_total = sums
-            acc = (correct / total.clamp_min(1)).tolist()
+            acc = (sums[0] / sums[1].clamp_min(1)).tolist()
             record = {
                 "step": step,
                 "loss": round(float(out.loss), 3),
                 "slot_acc": [round(a, 3) for a in acc],
             }
-            runs = (run_correct / run_total.clamp_min(1)).tolist()
-            record["tau_tf"] = round(tau_from_slot_acc(runs), 3)
+            record["tau_tf"] = round(tau_from_sums(sums), 3)
             print(json.dumps(record), flush=True)
             sums.zero_()
     return 0

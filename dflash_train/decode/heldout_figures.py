@@ -50,7 +50,7 @@ def teacher_forced(
     `query_tokens` queries at a time (QUERY_TOKENS for the device when None).
     `before_batch()` runs before each forward (the in-run evaluation raises there to give
     way)."""
-    from dflash_train.model.dflash_loss import dflash_forward_loss, every_anchor, tau_from_slot_acc
+    from dflash_train.model.dflash_loss import dflash_forward_loss, every_anchor, tau_from_sums
     from dflash_train.targets.frozen_target import extract_context
 
     view = with_block_size(drafter, None)  # dense-mask attention: any row length, no compile
@@ -64,8 +64,7 @@ def teacher_forced(
     kept = sorted((r for r in counted if r[2]), key=lambda r: len(r[0]), reverse=True)
     # Summed where they are made, read once at the end: a read per batch made the host wait
     # for the device, where it can queue the next batch's kernels instead.
-    # slot_correct, slot_total, run_correct, run_total (dflash_loss.LossOutput)
-    sums = torch.zeros(4, size - 1, dtype=torch.float64, device=device)
+    sums = torch.zeros(4, size - 1, dtype=torch.float64, device=device)  # LossOutput.slot_sums
     for batch in _batches(kept, row_tokens):
         if before_batch is not None:
             before_batch()
@@ -83,12 +82,12 @@ def teacher_forced(
                 view, target.embed_tokens, target.lm_head, context, seq, loss_mask,
                 anchors[:, first : first + step], valid[:, first : first + step],
             )  # fmt: skip
-            sums += torch.stack((out.slot_correct, out.slot_total, out.run_correct, out.run_total))
-    correct, total, run_correct, run_total = sums.cpu()
+            sums += out.slot_sums()
+    sums = sums.cpu()
+    correct, total = sums[0], sums[1]
     if not float(total.sum()):
         return [], None
-    acc = (correct / total.clamp_min(1)).tolist()
-    return acc, tau_from_slot_acc((run_correct / run_total.clamp_min(1)).tolist())
+    return (correct / total.clamp_min(1)).tolist(), tau_from_sums(sums)
 
 
 def _batches(rows: list[_Counted], row_tokens: int) -> list[list[_Counted]]:

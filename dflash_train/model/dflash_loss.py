@@ -33,6 +33,11 @@ class LossOutput:
     run_correct: torch.Tensor
     run_total: torch.Tensor
 
+    def slot_sums(self) -> torch.Tensor:
+        """[4, block_size-1]: slot_correct, slot_total, run_correct, run_total, the sums
+        a log interval or an evaluation adds up (tau_from_sums reads them)."""
+        return torch.stack((self.slot_correct, self.slot_total, self.run_correct, self.run_total))
+
 
 def decay_gamma(block_size: int) -> float:
     """The DFlash recipe: gamma 7 for block 16, scaled with the block size."""
@@ -100,6 +105,12 @@ def tau_from_slot_acc(acc: Sequence[float]) -> float:
         run *= float(a)
         tau += run
     return tau
+
+
+def tau_from_sums(sums: torch.Tensor) -> float:
+    """The acceptance length of the blocks whose LossOutput.slot_sums() `sums` adds up."""
+    _, _, run_correct, run_total = sums
+    return tau_from_slot_acc((run_correct / run_total.clamp_min(1)).tolist())
 
 
 def _ce_only(

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from dflash_train.pipeline.sources import HiddenBatch
     from dflash_train.pipeline.stage_timers import StageTimers
 
-# Layout of the metrics buffer: scalars, then slot_correct, slot_total, run_correct and
-# run_total, [B-1] each (dflash_loss.LossOutput).
+# Layout of the metrics buffer: scalars, then LossOutput.slot_sums() flattened (slot_correct,
+# slot_total, run_correct and run_total, [B-1] each).
 LOSS_SUM, GRAD_NORM_SUM, STEPS, GOOD_STEPS, BAD_STEPS, MAX_STREAK = range(6)
 N_SCALARS = 6
 N_SLOT_SUMS = 4
@@ -205,17 +205,13 @@ class DrafterStepper:
         zero = torch.zeros((), device=self.device)
         self._streak.mul_(bad.float()).add_(bad.float())
         m = self._metrics
-        slots = self.config.block_size - 1
         m[LOSS_SUM] += torch.where(bad, zero, loss)
         m[GRAD_NORM_SUM] += torch.where(bad, zero, grad_norm)
         m[STEPS] += 1.0
         m[GOOD_STEPS] += good
         m[BAD_STEPS] += bad.float()
         m[MAX_STREAK] = torch.maximum(m[MAX_STREAK], self._streak)
-        sums = (out.slot_correct, out.slot_total, out.run_correct, out.run_total)
-        for i, values in enumerate(sums):
-            at = N_SCALARS + i * slots
-            m[at : at + slots] += torch.where(bad, 0.0, values.detach().float())
+        m[N_SCALARS:] += torch.where(bad, 0.0, out.slot_sums().detach().float().flatten())
 
     def snapshot(self) -> MetricsSnapshot:
         """Start copying the interval's sums to the host and reset them (no host sync)."""
