@@ -5,6 +5,7 @@ what differs from the baseline in study.json, a table naming the variants, one P
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -142,3 +143,34 @@ def test_a_variant_started_again_with_another_budget_shows_the_newest(
     assert again["differs"] == ["max_steps 6"]
     row = next(r for r in (tmp_path / "out" / "study.md").read_text().splitlines() if "again" in r)
     assert "| 6 / 6 |" in row
+
+
+def test_write_result_takes_the_runs_own_evaluations_and_the_exports_size(
+    study_dir: Path, tmp_path: Path
+) -> None:
+    # The quality session's train stage with in-run evaluations and no curve.py pass
+    # (NO_CURVE): result.json's held-out curve is the stream's `eval` events; the export's
+    # bytes and sha256 and the speed-up under the name for the eval's precision.
+    work = tmp_path / "work"
+    work.mkdir()
+    reply = {"command": "eval", "ok": True, "tau": 2.0, "speedup": 1.25, "dtype": "bfloat16"}
+    (work / "eval.json").write_text(json.dumps(reply) + "\n")
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(bytes(range(256)) * 40)
+    argv = [
+        sys.executable, "bench/quality/write_result.py", "--work", str(work),
+        "--out", str(tmp_path / "out"), "--status", str(study_dir / "base" / "status.jsonl"),
+        "--export-file", str(weights),
+    ]  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    study = _study(tmp_path / "study", f"base={study_dir / 'base'}")
+    in_run = [(p["step"], p["tau"]) for p in study["variants"][0]["curve"]]
+    assert [(p["step"], p["tau"]) for p in result["heldout_tau_curve"]] == in_run == [
+        (2, in_run[0][1]), (4, in_run[1][1])
+    ]  # fmt: skip
+    assert result["export_bytes"] == 10_240
+    assert result["export_sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert result["speedup_bf16"] == 1.25 and "speedup_fp32" not in result
+    assert result["steps"] == STEPS

@@ -9,6 +9,7 @@ plotext's text plot is saved instead).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -24,20 +25,32 @@ def _json(path: Path) -> Any:
         return None
 
 
-def step_records(status: Path) -> list[dict[str, Any]]:
-    records = []
+def records(status: Path) -> list[dict[str, Any]]:
+    """Every record of a status stream that parses (a line cut by a kill is skipped)."""
     try:
         lines = status.read_text(encoding="utf-8").splitlines()
     except OSError:
-        return records
+        return []
+    parsed = []
     for line in lines:
         try:
-            record = json.loads(line)
+            parsed.append(json.loads(line))
         except ValueError:
             continue
-        if record.get("kind") == "step":
-            records.append(record)
-    return records
+    return parsed
+
+
+def eval_points(status: Path) -> list[dict[str, Any]]:
+    """The in-run held-out evaluations (`train --eval-every`): step and tau of each."""
+    return [
+        {"step": r["step"], "tau": r["tau"], "dtype": r.get("dtype")}
+        for r in records(status)
+        if r.get("code") == "eval" and r.get("tau") is not None
+    ]
+
+
+def step_records(status: Path) -> list[dict[str, Any]]:
+    return [r for r in records(status) if r.get("kind") == "step"]
 
 
 def plot(steps: list[dict[str, Any]], curve: list[dict[str, Any]], path: Path) -> str:
@@ -82,6 +95,9 @@ def main() -> int:
         help="status streams whose step lines make the curve, in order (default W/run's)",
     )  # fmt: skip
     parser.add_argument(
+        "--export-file", type=Path, help="the exported model.safetensors: its bytes and sha256"
+    )
+    parser.add_argument(
         "--extra", action="append", default=[], metavar="KEY=PATH",
         help="a JSON file to include in result.json under KEY",
     )  # fmt: skip
@@ -98,6 +114,11 @@ def main() -> int:
         if steps and later:
             later = [r for r in later if r["step"] > steps[-1]["step"]]
         steps += later
+    if not curve:  # no curve.py run: the trainer's own evaluations, if it made any
+        seen: dict[int, dict[str, Any]] = {}
+        for stream in streams:  # a resumed run's evaluation of a step replaces the earlier
+            seen.update((p["step"], p) for p in eval_points(stream))
+        curve = [seen[k] for k in sorted(seen)]
     by_size = {b["block_size"]: b for b in evaluation.get("by_block_size", [])}
     last = steps[-1] if steps else {}
     tail = steps[-10:]
@@ -127,6 +148,13 @@ def main() -> int:
         "data": {k: prepare.get(k) for k in DATA_FIELDS},
         "eval": evaluation,
     }  # fmt: skip
+    # The issue's names for the eval's speed-up in each precision (`eval --dtype`).
+    short = {"float32": "fp32", "bfloat16": "bf16"}.get(evaluation.get("dtype", ""))
+    if short:
+        result[f"speedup_{short}"] = evaluation.get("speedup")
+    if args.export_file and args.export_file.is_file():
+        result["export_bytes"] = args.export_file.stat().st_size
+        result["export_sha256"] = hashlib.sha256(args.export_file.read_bytes()).hexdigest()
     for item in args.extra:
         key, _, path = item.partition("=")
         result[key] = _json(Path(path))

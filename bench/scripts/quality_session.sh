@@ -15,8 +15,10 @@
 #          result.json and the curve
 #   train  (run 3) config c trains TRAIN_S seconds on the `data` stage's data (resuming the
 #          newest checkpoint of an earlier `train` call, if any), then export, eval of the 40
-#          held-out prompts x 256 (blocks 16 and 8), result.json, and held-out tau of the
-#          checkpoints in the time left
+#          held-out prompts x 256 (blocks 16 and 8; EVAL_DTYPE, float32 by default),
+#          result.json, and held-out tau of the checkpoints in the time left (NO_CURVE=1:
+#          none; with --eval-every in TRAIN_FLAGS the run's own evaluations are the curve);
+#          the export comes back as export.tar.part-*, the other files in bundle.tar.gz
 #   study  (issue 27 goal 3, after a `data` call) the STUDY variants train side by side, each
 #          to the same --max-steps with in-run held-out tau, until STUDY_END_S into the call
 #          (SIGTERM: the step finishes and is checkpointed); a next call on the warm machine
@@ -49,6 +51,8 @@
 #   ... copy each call's data27.* into .data27/ here (make_carry.sh data27 lists the calls)
 #   next session: `carry`, `carry`, then `unpack` on each call make_carry.sh data27 plans
 #   (the last GGUF part rides with the first), then `unpack study`
+# `prepare` is seeded: the same call makes the same set, to the token (sessions 28 and 29).
+# PREP_SEED=k (default 0) makes a distinct one: other synthesized prompts, other samples.
 # Variants: `base` is run 4's recipe (2 drafter layers, 2 context layers, --distill 0.5,
 # data x1); each other changes one thing: layers3, layers5 (drafter layers), ctx3, ctx5
 # (context layers, which the trainer spreads over the target's depth as the DFlash paper
@@ -69,8 +73,8 @@
 # 500 told the variants apart by little (results/quality_smollm2/study_h100_2026-12-06),
 # 1500 did (study1500_h100_2026-12-06: on one H100, alone, 376 s of a call for `base` and
 # 444 s for `layers5`, loading and 12 evaluations included; so three 2-layer variants a
-# session beside its data call). STUDY_ONLY="base x2" trains a subset. A call's stop
-# interrupts an evaluation in progress: that point is lost.
+# session beside its data call). STUDY_ONLY="x2 base" trains a subset, in that order. A
+# call's stop interrupts an evaluation in progress: that point is lost.
 # Wheels in .whl15/ (gguf, datasets, dill, multiprocess); results under $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/quality_out}
@@ -244,7 +248,8 @@ make_data() {  # the target answers synth:N + the train split twice, N sized for
   [ ${#SWEEP_PROMPTS[@]} -gt 0 ] || SWEEP_PROMPTS=(--prompts "synth:$nsyn" --prompts 'builtin*2' --max-new-tokens 384)
   cmd timeout -k 10 "$2" $DT prepare --target-model smollm2 "${SWEEP_PROMPTS[@]}" \
     --batch-size "${GEN_BATCH:-1024}" --device "$DEV" --max-seconds $(($2 - 40)) \
-    --out "$W/data" --num-shards 8 --overwrite >"$W/prepare.json" 2>"$W/prepare.err"
+    --seed "${PREP_SEED:-0}" --out "$W/data" --num-shards 8 --overwrite >"$W/prepare.json" \
+    2>"$W/prepare.err"
   local rc=$?
   tail -c 400 "$W/prepare.err" | tr '\r' '\n' | tail -2 >>"$OUT/log.txt"
   if [ $rc -ne 0 ]; then
@@ -466,9 +471,13 @@ stage_study() {
   halve_data || { log "halving $W/data failed"; return 1; }
   local devices=() names=() todo=() n line threads steps every i k d pids=() queue
   read -r -a devices <<<"$(study_devices)"
-  for line in "${STUDY[@]}"; do
-    n=${line%% *}
-    if [ -z "${STUDY_ONLY:-}" ] || [[ " $STUDY_ONLY " == *" $n "* ]]; then names+=("$n"); fi
+  local known=()
+  for line in "${STUDY[@]}"; do known+=("${line%% *}"); done
+  # STUDY_ONLY's order is the order they train in: the variant whose answer the next
+  # decision needs goes first (session 29 named x2 first and got layers3 and ctx3).
+  for n in ${STUDY_ONLY:-${known[*]}}; do
+    [[ " ${known[*]} " == *" $n "* ]] || { log "STUDY_ONLY: no variant $n (${known[*]})"; return 1; }
+    names+=("$n")
   done
   if [ -n "${DRY:-}" ]; then
     steps=${STUDY_STEPS:-6} every=${STUDY_EVAL_EVERY:-3}
@@ -501,7 +510,8 @@ stage_study() {
   [ ${#pids[@]} -eq 0 ] || wait "${pids[@]}"
   local args=() streams=()
   for n in "${names[@]}"; do
-    args+=("$n=$W/study/$n")
+    # the table compares with its first variant: `base` wherever STUDY_ONLY names it
+    if [ "$n" = base ]; then args=("$n=$W/study/$n" "${args[@]}"); else args+=("$n=$W/study/$n"); fi
     [ -f "$W/study/$n.out" ] && tail -2 "$W/study/$n.out" | cut -c1-300 >>"$OUT/log.txt"
     [ -f "$W/study/$n/status.jsonl" ] && streams+=("$n/status.jsonl")
   done
@@ -573,17 +583,37 @@ export_and_measure() {
   cut -c1-400 "$W/export.json" >>"$OUT/log.txt"
   cmd timeout -k 5 $((eval_end - SECONDS > 60 ? eval_end - SECONDS : 60)) \
     $DT eval --target-model smollm2 --drafter "$OUT/export" --prompts builtin "${EVAL_ARGS[@]}" \
-    --device "$DEV" --block-size 16 --block-size 8 >"$W/eval.json" 2>>"$OUT/log.txt"
+    --device "$DEV" --block-size 16 --block-size 8 --dtype "${EVAL_DTYPE:-float32}" \
+    >"$W/eval.json" 2>>"$OUT/log.txt"
   cut -c1-800 "$W/eval.json" >>"$OUT/log.txt"
-  (cd "$OUT/export" && sha256sum model.safetensors >model.safetensors.sha256 \
-    && split -b 4000000 model.safetensors model.safetensors.part- && mv model.safetensors "$W/")
+  (cd "$OUT/export" && sha256sum model.safetensors >model.safetensors.sha256)
   write_result "$@"
+  # In-run evaluations (train --eval-every) already make the curve; else curve.py decodes
+  # with each checkpoint in the time left.
   local budget=$((585 - SECONDS - 20))
-  if [ $budget -gt 15 ]; then
+  if [ -z "${NO_CURVE:-}" ] && [ $budget -gt 15 ]; then
     timeout -k 5 $((budget + 15)) python3 bench/quality/curve.py "$run" --target-model smollm2 \
       --prompts 10 --max-new-tokens 128 --budget-s "$budget" --device "$DEV" >"$W/curve.json" 2>>"$OUT/log.txt"
     write_result "$@"
   fi
+  bundle_out
+}
+
+bundle_out() {
+  # What comes back from a call is 8 files at most, 16 MiB each: the export travels as one
+  # tar in 15 MB parts (a 5-layer drafter is ~39 MB), every other file but log.txt and
+  # result.json in one more tar. Here: cat export.tar.part-* | tar -xf -, then
+  # (cd export && sha256sum -c model.safetensors.sha256).
+  local small=() f
+  if [ -d "$OUT/export" ]; then
+    (cd "$OUT" && tar -cf - export | split -b 15000000 -a 2 - export.tar.part- && rm -rf export) \
+      || { log "bundle: the export's tar failed"; return 1; }
+  fi
+  for f in "$OUT"/*; do
+    case ${f##*/} in log.txt | result.json | export.tar.part-* | bundle.tar.gz) ;; *) small+=("${f##*/}") ;; esac
+  done
+  [ ${#small[@]} -eq 0 ] || (cd "$OUT" && tar -czf bundle.tar.gz "${small[@]}" && rm -rf "${small[@]}")
+  log "bundle: $(cd "$OUT" && ls | xargs)"
 }
 
 write_result() {  # write_result STATUS_STREAM... (a resumed run's stream after the earlier one's)
@@ -591,11 +621,15 @@ write_result() {  # write_result STATUS_STREAM... (a resumed run's stream after 
   for x in "$@"; do args+=(--status "$x"); done
   for x in smoke sweep; do [ -f "$W/$x.json" ] && args+=(--extra "$x=$W/$x.json"); done
   python3 bench/quality/write_result.py --work "$W" --out "$OUT" --commands "$W/commands.txt" \
-    "${args[@]}" 2>>"$OUT/log.txt" | tee -a "$OUT/log.txt"
+    --export-file "$OUT/export/model.safetensors" "${args[@]}" 2>>"$OUT/log.txt" | tee -a "$OUT/log.txt"
 }
 
+failed=()
 for stage in "$@"; do
   log "stage $stage"
-  "stage_$stage"
+  # a failed stage is said and sets the exit status; the later ones still run (`pack send`
+  # after a data stage cut short still brings back what it made)
+  "stage_$stage" || failed+=("$stage")
 done
-log "done: $*"
+log "done: $*${failed[*]:+ (failed: ${failed[*]})}"
+[ ${#failed[@]} -eq 0 ]
