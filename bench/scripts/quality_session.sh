@@ -571,10 +571,9 @@ stage_train() {
 }
 
 # export_and_measure RUN EVAL_END_S STATUS_STREAM...: export RUN's newest checkpoint, eval it
-# on the held-out prompts (blocks 16 and 8) until EVAL_END_S into the call, its weights in
-# 4 MB parts with their checksum (the device tool leaves a 15 MB file out of what comes back;
-# `cat model.safetensors.part-* > model.safetensors`), result.json, then the held-out tau of
-# RUN's checkpoints, newest first, in the time left.
+# on the held-out prompts (blocks 16 and 8) until EVAL_END_S into the call, the weights'
+# checksum, result.json, then the held-out tau of RUN's checkpoints, newest first, in the
+# time left; bundle_out packs what comes back.
 export_and_measure() {
   local run=$1 eval_end=$2
   shift 2
