@@ -25,32 +25,34 @@ def _json(path: Path) -> Any:
         return None
 
 
-def records(status: Path) -> list[dict[str, Any]]:
-    """Every record of a status stream that parses (a line cut by a kill is skipped)."""
+def step_records(status: Path) -> list[dict[str, Any]]:
+    records = []
     try:
         lines = status.read_text(encoding="utf-8").splitlines()
     except OSError:
-        return []
-    parsed = []
+        return records
     for line in lines:
         try:
-            parsed.append(json.loads(line))
+            record = json.loads(line)
         except ValueError:
             continue
-    return parsed
+        if record.get("kind") == "step":
+            records.append(record)
+    return records
 
 
-def eval_points(status: Path) -> list[dict[str, Any]]:
-    """The in-run held-out evaluations (`train --eval-every`): step and tau of each."""
-    return [
-        {"step": r["step"], "tau": r["tau"], "dtype": r.get("dtype")}
-        for r in records(status)
-        if r.get("code") == "eval" and r.get("tau") is not None
-    ]
+def run_evaluations(streams: list[Path]) -> list[dict[str, Any]]:
+    """The trainer's own held-out evaluations (`train --eval-every`), as the report reads
+    them: step, tau and dtype, one per step (a resumed run's evaluation of a step wins)."""
+    from dflash_train.report.series import read_run
 
-
-def step_records(status: Path) -> list[dict[str, Any]]:
-    return [r for r in records(status) if r.get("kind") == "step"]
+    by_step: dict[int, dict[str, Any]] = {}
+    for stream in streams:
+        if stream.is_file():
+            for point in read_run(stream).evals:
+                if point.get("tau") is not None:
+                    by_step[point["step"]] = {k: point.get(k) for k in ("step", "tau", "dtype")}
+    return [by_step[step] for step in sorted(by_step)]
 
 
 def plot(steps: list[dict[str, Any]], curve: list[dict[str, Any]], path: Path) -> str:
@@ -114,11 +116,7 @@ def main() -> int:
         if steps and later:
             later = [r for r in later if r["step"] > steps[-1]["step"]]
         steps += later
-    if not curve:  # no curve.py run: the trainer's own evaluations, if it made any
-        seen: dict[int, dict[str, Any]] = {}
-        for stream in streams:  # a resumed run's evaluation of a step replaces the earlier
-            seen.update((p["step"], p) for p in eval_points(stream))
-        curve = [seen[k] for k in sorted(seen)]
+    curve = curve or run_evaluations(streams)  # no curve.py run: the trainer's own
     by_size = {b["block_size"]: b for b in evaluation.get("by_block_size", [])}
     last = steps[-1] if steps else {}
     tail = steps[-10:]
