@@ -174,3 +174,23 @@ def test_write_result_takes_the_runs_own_evaluations_and_the_exports_size(
     assert result["export_sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
     assert result["speedup_bf16"] == 1.25 and "speedup_fp32" not in result
     assert result["steps"] == STEPS
+    assert result["trained_on"] is None  # no NVML here: the plot names no GPU
+    # The GPU a run trained on is its first `gpu` record's (this line is from a real H100 run
+    # of the quality session, 2026-12-06, after whose curve said "on one H200").
+    gpu = {
+        "v": 1, "seq": 9, "t": 1796563620.0, "run": "x", "kind": "gpu", "available": True,
+        "reason": None, "gpus": [{
+            "index": 0, "name": "NVIDIA H100 80GB HBM3", "role": "target+drafter", "util": 1.0,
+            "mem_used": 1798.8, "mem_total": 81559.0, "power_w": 123.6, "power_limit_w": 700.0,
+            "temp_c": 39.0,
+        }],
+    }  # fmt: skip
+    stream = tmp_path / "h100.status.jsonl"
+    lines = (study_dir / "base" / "status.jsonl").read_text().splitlines(keepends=True)
+    stream.write_text("".join(lines[:3]) + json.dumps(gpu) + "\n" + "".join(lines[3:]))
+    argv[argv.index("--status") + 1] = str(stream)
+    done = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    again = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert again["trained_on"] == "NVIDIA H100 80GB HBM3"
+    assert again["heldout_tau_curve"] == result["heldout_tau_curve"]

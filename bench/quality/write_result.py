@@ -51,11 +51,35 @@ def run_evaluations(streams: list[Path]) -> list[dict[str, Any]]:
         if stream.is_file():
             for point in read_run(stream).evals:
                 if point.get("tau") is not None:
-                    by_step[point["step"]] = {k: point.get(k) for k in ("step", "tau", "dtype")}
+                    keys = ("step", "tau", "tau_tf_seen", "dtype")
+                    by_step[point["step"]] = {k: point.get(k) for k in keys}
     return [by_step[step] for step in sorted(by_step)]
 
 
-def plot(steps: list[dict[str, Any]], curve: list[dict[str, Any]], path: Path) -> str:
+def device_name(streams: list[Path]) -> str | None:
+    """The GPU the run trained on, from its first `gpu` record that names one (the plot's
+    title said "one H200" after a run on an H100, 2026-12-06)."""
+    for stream in streams:
+        try:
+            lines = stream.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if '"gpu"' not in line:
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            names = [g.get("name") for g in record.get("gpus") or () if isinstance(g, dict)]
+            if record.get("kind") == "gpu" and names and names[0]:
+                return str(names[0])
+    return None
+
+
+def plot(
+    steps: list[dict[str, Any]], curve: list[dict[str, Any]], path: Path, device: str | None
+) -> str:
     xs = [r["step"] for r in steps]
     try:
         import matplotlib
@@ -70,18 +94,27 @@ def plot(steps: list[dict[str, Any]], curve: list[dict[str, Any]], path: Path) -
     left.set_ylabel("loss", color="tab:red")
     right = left.twinx()
     right.plot(
-        xs, [r["tau"] for r in steps], color="tab:blue", alpha=0.6, label="tau (teacher-forced)"
-    )
+        xs, [r["tau"] for r in steps], color="tab:blue", alpha=0.6,
+        label="tau (teacher-forced, training batches)",
+    )  # fmt: skip
     if curve:
         right.plot(
             [p["step"] for p in curve], [p["tau"] for p in curve], "o-", color="tab:green",
             label="tau (held-out, real decoding)",
         )  # fmt: skip
+    # Teacher-forced on answers it trained on, scored as rounds would accept them: against
+    # the held-out points it says whether seen answers fit better (more data would pay).
+    seen = [p for p in curve if p.get("tau_tf_seen") is not None]
+    if seen:
+        right.plot(
+            [p["step"] for p in seen], [p["tau_tf_seen"] for p in seen], "s--",
+            color="tab:purple", label="tau (teacher-forced, seen answers)",
+        )  # fmt: skip
     right.set_ylabel("tau (block 16)")
     lines = left.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
     labels = left.get_legend_handles_labels()[1] + right.get_legend_handles_labels()[1]
     left.legend(lines, labels, loc="center right")
-    left.set_title("SmolLM2-135M-Instruct drafter on one H200")
+    left.set_title("SmolLM2-135M-Instruct drafter" + (f" on one {device}" if device else ""))
     fig.tight_layout()
     fig.savefig(path)
     return "matplotlib"
@@ -143,6 +176,7 @@ def main() -> int:
         "teacher_forced_slot_acc_last10": slot_acc,
         "ngram_slot_acc": ngram.get("ngram_slot_acc"),
         "heldout_tau_curve": curve,
+        "trained_on": device_name(streams),
         "data": {k: prepare.get(k) for k in DATA_FIELDS},
         "eval": evaluation,
     }  # fmt: skip
@@ -164,7 +198,8 @@ def main() -> int:
     (out / "status_steps.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in excerpt), encoding="utf-8"
     )
-    print(json.dumps({"plot": plot(steps, curve, out / "curve.png"), "tau": result["tau"]}))
+    drawn = plot(steps, curve, out / "curve.png", result["trained_on"])
+    print(json.dumps({"plot": drawn, "tau": result["tau"]}))
     return 0
 
 

@@ -14,17 +14,20 @@
 #   tok      .bench_tok (SmolLM2's tokenizer as DFLASH_CACHE_DIR lays it out):
 #            prepare_workers_h200.sh
 #   tui      .whl_tui (the console's wheels): prepare_console_h200.sh
-#   stage    .whl (fla, torchao, gguf, datasets...) and .weights28/p/part-a{a,b,c} with
+#   stage    .whl (fla, torchao, gguf, datasets...) and .weights28/p/part-a{a..f} with
 #            .weights28/gguf.sha256: target_stage_session.sh
-#   quality  .whl15 and .weights15/p3/part-a{a,b,c} with .weights15/gguf.sha256:
+#   quality  .whl15 and .weights15/p3/part-a{a..f} with .weights15/gguf.sha256:
 #            quality_session.sh
-#   data27   .data27: git-ignores it and prints the calls that carry its parts, which a device
-#            call made (quality_session.sh pack send: copy what came back into .data27/);
-#            `check` sizes those calls too
+# The GGUF's parts are 19 MB: since 2026-12-06 the tree holds a 38.7 MB export and is ~46 MB,
+# so a call has ~21 MB to carry beside it (the 40 MB parts of before no longer fit).
+#   data27   .data27 and .data27s1: git-ignores them and prints the calls that carry their
+#            parts, which a device call made (quality_session.sh [PACK=data27s1] pack send:
+#            copy what came back into .data27/ or .data27s1/); `check` sizes those calls too
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 PY=.venv/bin/python
 GGUF=$($PY -c 'from dflash_train.targets.frozen_target import smollm2_gguf_path as p; print(p())')
+GGUF_PART=19000000  # bytes: one part and the tree fit a call's 64 MiB (see above)
 # The H200 image's Python is 3.12 on x86-64; pure-Python wheels match any of these tags.
 TAGS=(--only-binary=:all: --python-version 3.12 --implementation cp
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
@@ -83,11 +86,11 @@ make_tui() {
 make_stage() {
   wheels .whl flash-linear-attention==0.6.0 fla-core==0.6.0 torchao==0.17.0 gguf==0.19.0 \
     datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 platformdirs liger-kernel==0.8.5
-  split_gguf .weights28/p 34000000
+  split_gguf .weights28/p "$GGUF_PART"
 }
 make_quality() {
   wheels .whl15 gguf datasets dill multiprocess
-  split_gguf .weights15/p3 40000000
+  split_gguf .weights15/p3 "$GGUF_PART"
 }
 
 # The carry of each call bench/README's next-session table plans (one line a call): a call
@@ -98,49 +101,61 @@ CALLS=(
   "eval_cost measure: .weights_decode/gguf/part-1"
   "prepare_workers: .whl_prep .bench_tok"
   "prepare_console ready start: .weights_decode/gguf/part-1 .whl_tui"
-  "target_stage carry stage: .whl .weights28/p/part-aa .weights28/gguf.sha256"
+  "target_stage stage: .whl"
+  "target_stage carry: .weights28/p/part-aa .weights28/gguf.sha256"
   "target_stage carry: .weights28/p/part-ab"
-  "target_stage carry fidelity: .weights28/p/part-ac"
+  "target_stage carry: .weights28/p/part-ac"
+  "target_stage carry: .weights28/p/part-ad"
+  "target_stage carry: .weights28/p/part-ae"
+  "target_stage carry fidelity: .weights28/p/part-af"
   "target_stage plan: .whl .bench_tok"
   "target_stage launch: .whl .bench_tok"
   "target_stage hybrid target_profile ce profile: .whl"
-  "quality carry: .whl15 .weights15/p3/part-aa .weights15/gguf.sha256"
+  "quality (first call, wheels; on an H200 target_stage launch): .whl15 .whl .bench_tok"
+  "quality carry: .weights15/p3/part-aa"
   "quality carry: .weights15/p3/part-ab"
-  "quality data: .weights15/p3/part-ac"
+  "quality carry: .weights15/p3/part-ac"
+  "quality carry: .weights15/p3/part-ad"
+  "quality carry: .weights15/p3/part-ae"
+  "quality carry train|study|eval: .weights15/p3/part-af .weights15/gguf.sha256"
 )
 tree_bytes() {
   local tree
   tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1 | cut -f1)
   echo $((tree + $(du -sb ../shared 2>/dev/null | cut -f1 || echo 0)))
 }
-# The data set's parts in as few calls as fit beside the tree (the sums with the first), one
-# line a call as CALLS has them: `quality_session.sh unpack` on each, with the study after the
-# last.
-data27_calls() {
-  local tree limit=$((64 << 20)) part size used=0 call="" n=1
+# A data set's parts in as few calls as fit beside the tree (the sums with the first), one
+# line a call as CALLS has them: `quality_session.sh unpack` on each (PACK=NAME for a set
+# other than data27), with the study or train stage after the last.
+PACKS=(data27 data27s1)  # data27s1: a second, distinct set (PREP_SEED=1 ... data pack send)
+data_calls() {  # data_calls NAME
+  local pack=$1 tree limit=$((64 << 20)) part size used=0 call="" n=1
   tree=$(tree_bytes)
-  [ -f .data27/data27.sha256 ] || return 0
-  call=".data27/data27.sha256" used=$((tree + $(stat -c %s .data27/data27.sha256)))
-  for part in .data27/data27.tar.xz.part-*; do
+  [ -f ".$pack/$pack.sha256" ] || return 0
+  call=".$pack/$pack.sha256" used=$((tree + $(stat -c %s ".$pack/$pack.sha256")))
+  for part in ".$pack/$pack".tar.xz.part-*; do
     [ -f "$part" ] || continue
     size=$(stat -c %s "$part")
     if [ $((used + size)) -gt $limit ]; then
-      echo "quality unpack $n: $call"
+      echo "quality unpack $pack $n: $call"
       n=$((n + 1)) call="" used=$tree
     fi
     call="${call:+$call }$part" used=$((used + size))
   done
-  echo "quality unpack $n: $call"
+  echo "quality unpack $pack $n: $call"
 }
 make_data27() {
-  ignore .data27
-  mkdir -p .data27
-  data27_calls
+  local pack
+  for pack in "${PACKS[@]}"; do
+    ignore ".$pack"
+    mkdir -p ".$pack"
+    data_calls "$pack"
+  done
 }
 make_check() {
   local tree call paths bytes missing p limit=$((64 << 20)) worst=0 extra=()
   tree=$(tree_bytes)
-  mapfile -t extra < <(data27_calls)
+  mapfile -t extra < <(for p in "${PACKS[@]}"; do data_calls "$p"; done)
   for call in "${CALLS[@]}" "${extra[@]}"; do
     read -r -a paths <<<"${call#*: }"
     missing=$(for p in "${paths[@]}"; do [ -e "$p" ] || echo "$p"; done | xargs)

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The second quality session on one H200, in stages over consecutive calls (the machine
-# keeps /tmp while it stays warm; the 98 MB GGUF travels in three 40 MB parts, made with
-# `split -b 40000000 GGUF .weights15/p3/part-`, since a call carries 64 MiB with the tree):
-#   carry  copy the part this call carried to /tmp/gguf (calls 1 and 2; call 1 adds `smoke`)
+# keeps /tmp while it stays warm; the 98 MB GGUF travels in six 19 MB parts, made by
+# `make_carry.sh quality`, since a call carries 64 MiB with the tree, ~46 MB since the
+# committed export became a 5-layer drafter's 38.7 MB, 2026-12-06):
+#   carry  copy the part this call carried to /tmp/gguf (one part a call, the last with the
+#          stage that needs it)
 #   smoke  SmolLM2-shaped random weights: generation rate, and the step time of each sweep
 #          config when the three train side by side and of one alone (sizes the next stages)
 #   data   (optional, a call of its own) reassemble the GGUF and prepare GEN_S seconds of
@@ -19,6 +21,9 @@
 #          result.json, and held-out tau of the checkpoints in the time left (NO_CURVE=1:
 #          none; with --eval-every in TRAIN_FLAGS the run's own evaluations are the curve);
 #          the export comes back as export.tar.part-*, the other files in bundle.tar.gz
+#   measure  the committed export (bench/results/quality_smollm2/export) decoded by `dflash-train
+#          eval` on the 40 held-out prompts x 256, block 16, in each of MEASURE_DTYPES
+#          (default "bfloat16 float32"): eval_<dtype>.json, issue 27 goal 2's speed-up
 #   study  (issue 27 goal 3, after a `data` call) the STUDY variants train side by side, each
 #          to the same --max-steps with in-run held-out tau, until STUDY_END_S into the call
 #          (SIGTERM: the step finishes and is checkpointed); a next call on the warm machine
@@ -333,15 +338,19 @@ stage_unpack() {
   fi
   (cd "$dir" && grep "part-" "$PACK.sha256" | sha256sum -c --quiet) \
     || { log "unpack: a part's sum differs"; return 1; }
-  [ "$PACK" != data27 ] || rm -rf "$W/data"
-  cat "$dir/$PACK".tar.xz.part-* | xz_pipe -d | tar -C "$W" -xvf - >"$dir/unpacked.txt" \
+  # data27 is the study's set, $W/data; any other pack (a second set, PACK=data27s1 after
+  # `PREP_SEED=1 ... data pack`) lands in $W/$PACK, so its data/ is $W/$PACK/data, for
+  # TRAIN_FLAGS="--data-dir $W/$PACK/data" (train takes the flag again, one set each)
+  local into=$W
+  if [ "$PACK" = data27 ]; then rm -rf "$W/data"; else into=$W/$PACK && rm -rf "$into" && mkdir -p "$into"; fi
+  cat "$dir/$PACK".tar.xz.part-* | xz_pipe -d | tar -C "$into" -xvf - >"$dir/unpacked.txt" \
     || { log "unpack failed"; return 1; }
   touch "$W/$PACK.done"
   if [ "$PACK" = data27 ]; then
     touch "$W/data.done"
     log "unpack: $W/data, $(du -sb "$W/data" | cut -f1) bytes: $(python3 -c "import json;print(json.load(open('$W/prepare.json'))['stats'])")"
   else
-    log "unpack: $PACK into $W: $(head -3 "$dir/unpacked.txt" | xargs)"
+    log "unpack: $PACK into $into: $(head -3 "$dir/unpacked.txt" | xargs)"
   fi
 }
 
@@ -540,6 +549,21 @@ stage_final() {
   cp "$run/status.jsonl" "$OUT/final.status.jsonl"
   cp "$W/sweep_$best/status.jsonl" "$OUT/sweep_best.status.jsonl"
   export_and_measure "$run" 575 "$W/sweep_$best/status.jsonl" "$run/status.jsonl"
+}
+
+stage_measure() {
+  TARGET=smollm2
+  reassemble || return 1
+  local dtype export=bench/results/quality_smollm2/export failed=0
+  (cd "$export" && sha256sum -c model.safetensors.sha256) >>"$OUT/log.txt" || return 1
+  for dtype in ${MEASURE_DTYPES:-bfloat16 float32}; do
+    cmd timeout -k 5 "${MEASURE_TIMEOUT:-240}" $DT eval --target-model smollm2 --drafter "$export" \
+      --prompts builtin "${EVAL_ARGS[@]}" --device "$DEV" --block-size 16 --dtype "$dtype" \
+      >"$OUT/eval_$dtype.json" 2>>"$W/measure.err" || failed=1
+    python3 -c "import json,sys;d=json.loads(open(sys.argv[1]).read().splitlines()[-1]);print({k:d.get(k) for k in ('tau','lossless','speedup','generated_tokens','baseline_generated_tokens','greedy_seconds','spec_seconds','mismatched_prompts','dtype')})" \
+      "$OUT/eval_$dtype.json" | tee -a "$OUT/log.txt"
+  done
+  return $failed
 }
 
 stage_train() {

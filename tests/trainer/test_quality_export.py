@@ -23,7 +23,9 @@ RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "quality_s
 def test_committed_export_reproduces_its_recorded_tau(smollm2: Target) -> None:
     record = json.loads((RESULTS / "result.json").read_text())["cpu_check"]
     export = RESULTS / "export"
-    assert (export / "model.safetensors").stat().st_size < 16_000_000
+    assert (
+        export / "model.safetensors"
+    ).stat().st_size < 48_000_000  # the issue's cap on the committed export
     drafter = load_any_drafter(export, "cpu", torch.float32).eval()
     assert drafter.config.block_size == 16 and drafter.config.mask_mode == "token"
     prompts = load_prompts("builtin", "eval")[: record["prompts"]]
