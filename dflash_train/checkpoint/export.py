@@ -14,10 +14,9 @@ from typing import Any
 
 import torch
 
+from dflash_train.checkpoint.layout import EXPORT_CONFIG, EXPORT_WEIGHTS
 from dflash_train.model.drafter import CONFIG_FILE, DFlashConfig, DFlashDrafter, load_drafter
 
-EXPORT_CONFIG = "config.json"
-EXPORT_WEIGHTS = "model.safetensors"
 EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 # A run id becomes a directory name: one plain path component, nothing to escape with.
 RUN_ID = RUN_ID_PATTERN
 EXPORT_INFO = "dflash_export.json"
+EXPORT_CONFIG = "config.json"  # an export's HF-style config, and its weights
+EXPORT_WEIGHTS = "model.safetensors"
 DRAFTER_CONFIG = "drafter_config.json"  # drafter.CONFIG_FILE, named here without torch
 # The fields a resumed checkpoint must agree on with the run that loads it, in the order
 # they are checked, with the train option that sets each.
@@ -129,6 +131,36 @@ def checkpoint_facts(path: Path) -> dict[str, Any]:
     }
 
 
+def weights_kind(path: Path) -> str | None:
+    """ "export" for an export dir, "checkpoint" for a checkpoint dir, else None."""
+    if (path / EXPORT_CONFIG).is_file() and (path / EXPORT_WEIGHTS).is_file():
+        return "export"
+    if (path / DRAFTER_CONFIG).is_file() and (path / checkpoints.STATE_FILE).is_file():
+        return "checkpoint"
+    return None
+
+
+def export_facts(path: Path) -> dict[str, Any]:
+    """The shape an export was trained with, as checkpoint_facts names it (an export does
+    not record its target model, so that field is not judged), and the run and step it came
+    from."""
+    config, info = _json_object(path / EXPORT_CONFIG), _json_object(path / EXPORT_INFO)
+    dflash = config.get("dflash_config")
+    dflash = dflash if isinstance(dflash, dict) else {}
+    layers = dflash.get("target_layer_ids")
+    step = Path(str(info.get("checkpoint", ""))).name.removeprefix("step_")
+    return {
+        "target_model": None,
+        "hidden_size": config.get("hidden_size"),
+        "num_target_layers": config.get("num_target_layers"),
+        "target_layers": list(layers) if isinstance(layers, list) else None,
+        "block_size": dflash.get("block_size", config.get("block_size")),
+        "draft_layers": config.get("num_hidden_layers"),
+        "run_id": info.get("run_id"),
+        "step": int(step) if step.isdigit() else None,
+    }
+
+
 def _json_object(path: Path) -> dict[str, Any]:
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
@@ -179,10 +211,12 @@ def facts_from_config(config: TrainConfig) -> dict[str, Any]:
     return facts
 
 
-def check_compatible(what: str, saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> None:
-    """Raise IncompatibleCheckpoint naming the first field where `what` (a checkpoint, with
-    facts `saved`) and the run that would load it (`wanted`) differ; a field either side
-    does not know is not judged."""
+def check_compatible(
+    what: str, saved: Mapping[str, Any], wanted: Mapping[str, Any], to: str = "resume"
+) -> None:
+    """Raise IncompatibleCheckpoint naming the first field where `what` (a checkpoint or an
+    export, with facts `saved`) and the run that would load it (`wanted`) differ; a field
+    either side does not know is not judged. `to` says what keeping the value allows."""
     for field, option in COMPATIBLE_FIELDS.items():
         have, want = saved.get(field), wanted.get(field)
         if have is None or want is None or have == want:
@@ -190,7 +224,7 @@ def check_compatible(what: str, saved: Mapping[str, Any], wanted: Mapping[str, A
         raise IncompatibleCheckpoint(
             field,
             f"{field}: {what} was trained with {field} {have}, this run has "
-            f"{want} ({option}); keep the value to resume, or start fresh",
+            f"{want} ({option}); keep the value to {to}, or start fresh",
         )
 
 

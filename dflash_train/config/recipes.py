@@ -14,7 +14,7 @@ from typing import Any
 from dflash_train.config.train_config import OPTIONS, ConfigError, parse_option
 
 # Where a run reads and writes: never part of a recipe.
-PLACES = ("data_dir", "output_dir", "run_id", "resume_from")
+PLACES = ("data_dir", "output_dir", "run_id", "resume_from", "init_from")
 
 
 @dataclass(frozen=True)

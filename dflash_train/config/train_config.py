@@ -63,6 +63,10 @@ class RunOptions:
     resume_from: str | None = option(
         "str", None, "a checkpoint dir, or latest", metavar="PATH|latest"
     )
+    init_from: str | None = option(
+        "str", None, "start the drafter from these weights (an export or a checkpoint dir) "
+        "with a fresh optimizer and schedule; its shape must match", metavar="PATH",
+    )  # fmt: skip
     save_every: int = option("int", 500, "steps between checkpoints; 0: epoch ends only", minimum=0)
     keep_checkpoints: int = option("int", 3, "newest checkpoints kept", minimum=1)
     max_bad_steps: int = option("int", 20, "non-finite steps in a row that end the run", minimum=1)

@@ -34,8 +34,9 @@ from dflash_train.stream.beat import Beat
 from dflash_train.stream.eval_inbox import EvalInbox
 from dflash_train.stream.writer import StatusWriter
 from dflash_train.targets.linear_attention import fallback_warning
-from dflash_train.training import resume
+from dflash_train.training import init_weights, resume
 from dflash_train.training.heldout_eval import HeldoutEvaluator
+from dflash_train.training.init_weights import InitSource
 from dflash_train.training.loop import Progress, run_epochs
 from dflash_train.training.stop_flag import StopFlag
 
@@ -86,6 +87,8 @@ class TrainingRun:
         self.resumed_from: str | None = None
         self.resumed_run: str | None = None
         self.resume_path: Path | None = None
+        self.init_source: InitSource | None = None  # --init-from, unless a resume wins
+        self.initialised_from: dict[str, Any] | None = None
         self.mask_reason = ""
         self._plan_cache: tuple[int, list[list[int]]] | None = None
         self._checkpointer: AsyncCheckpointer | None = None
@@ -144,6 +147,8 @@ class TrainingRun:
         self.target_identity = checkpoint_layout.target_identity(config.train.target_model)
         if config.run.resume_from:
             self.resume_path = resume.find_resume(self, config.run.resume_from)
+        if config.run.init_from and self.resume_path is None:
+            self.init_source = init_weights.find_source(config.run.init_from, config)
         self._load_data()
         self._load_models(torch)
         self._build_stepper()
@@ -274,6 +279,8 @@ class TrainingRun:
         )
         self.drafter = DFlashDrafter(drafter_config, attention_backend=model.attention)
         self.drafter = self.drafter.to(self.device)
+        if self.init_source is not None:  # before DDP, which spreads rank 0's weights
+            self.initialised_from = init_weights.load_into(self.drafter, self.init_source)
         wrapped: Any = self.drafter
         if self.group is not None:
             from torch.nn.parallel import DistributedDataParallel
@@ -313,6 +320,9 @@ class TrainingRun:
         if self.resume_path is not None:  # the drafter was trained with the checkpoint's
             saved = read_drafter_config(self.resume_path)
             return MaskChoice(saved.mask_mode, saved.mask_token_id, "the resumed checkpoint's")
+        if self.init_source is not None:  # the weights learned with their mask token
+            saved = init_weights.source_config(self.init_source)
+            return MaskChoice(saved.mask_mode, saved.mask_token_id, "the --init-from weights'")
         target = self.targets[0]
         request = parse_mask_request(self.config.model.mask_token)
         # Only a table without a spare row needs the data scanned (one pass over input_ids).
@@ -415,6 +425,7 @@ class TrainingRun:
             host=socket.gethostname(),
             resumed_from=self.resumed_from,
             resumed_run=self.resumed_run,
+            init_from=self.initialised_from,
             checkpoint_dir=str(self.checkpoint_dir),
             mask={
                 "mode": self.drafter.config.mask_mode,
@@ -426,6 +437,12 @@ class TrainingRun:
             layer_ids=self.layer_ids,
             kernels=kernels,
         )
+        if self.initialised_from is not None:
+            source = self.initialised_from
+            origin = f" (run {source['run']}, step {source['step']})" if source["run"] else ""
+            message = f"drafter initialised from the {source['kind']} {source['path']}{origin}"
+            print(message, file=sys.stderr)
+            self.writer.write("event", level="info", code="init_from", message=message)
         warning = fallback_warning(kernels["target_layer_paths"] or {})
         if warning is not None:
             print(f"warning: {warning}", file=sys.stderr)

@@ -1,0 +1,112 @@
+"""`train --init-from`: a run starts its drafter from another run's export or checkpoint (the
+weights only: its own optimizer, schedule and step 0), says so in `run_start` and an event,
+refuses a source of another shape before anything heavy loads, and a resume of its own
+checkpoint wins over it. Real trainer processes on the CPU, the real prepared data."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from train_process import losses_by_step, run_train, status_lines, train_argv
+
+from dflash_train import protocol
+
+TARGET = "random:tiny"  # seeded: the same weights in every process
+
+
+def _argv(data: Path, run_dir: Path, *extra: str) -> list[str]:
+    return train_argv(
+        TARGET, data, run_dir, "--epochs", "20", "--seed", "7", "--pipeline", "sync", *extra
+    )
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory, prepared_data_dir: Path) -> Path:
+    """A completed 10-step run `source`: checkpoints at steps 5 and 10, and its export."""
+    run_dir = tmp_path_factory.mktemp("init_from") / "source"
+    extra = ("--max-steps", "10", "--save-every", "5", "--run-id", "source")
+    done = run_train(_argv(prepared_data_dir, run_dir, *extra))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (run_dir / "export" / "model.safetensors").is_file()  # a completed run exports
+    return run_dir
+
+
+def _first(lines: list[protocol.StatusLine], kind: str) -> protocol.StatusLine:
+    return next(line for line in lines if line.kind == kind)
+
+
+def test_a_run_started_from_an_export_trains_on_from_its_weights(
+    tmp_path: Path, prepared_data_dir: Path, source: Path
+) -> None:
+    export = source / "export"
+
+    # The same recipe twice more for 2 steps: fresh, and from the source's export.
+    fresh, started = tmp_path / "fresh", tmp_path / "started"
+    for run_dir, extra in ((fresh, ()), (started, ("--init-from", str(export)))):
+        done = run_train(_argv(prepared_data_dir, run_dir, "--max-steps", "2", *extra))
+        assert done.returncode == 0, done.stderr[-3000:]
+    source_losses = losses_by_step(status_lines(source))
+    fresh_lines, lines = status_lines(fresh), status_lines(started)
+    fresh_losses, losses = losses_by_step(fresh_lines), losses_by_step(lines)
+    assert fresh_losses[1] == source_losses[1]  # the fresh run is the source's start again
+    # From the export the first step's loss is where the source ended, not where it began.
+    assert losses[1] < fresh_losses[1] - 0.5 * (fresh_losses[1] - source_losses[10])
+
+    start = _first(lines, "run_start")
+    record = start["init_from"]
+    weights = (export / "model.safetensors").read_bytes()
+    assert record == {
+        "path": str(export.resolve()), "kind": "export", "run": "source", "step": 10,
+        "sha256": hashlib.sha256(weights).hexdigest(),
+    }  # fmt: skip
+    assert start["start_step"] == 0 and start["resumed_from"] is None
+    assert _first(fresh_lines, "run_start")["init_from"] is None
+    event = next(ln for ln in lines if ln.kind == "event" and ln["code"] == "init_from")
+    assert str(export.resolve()) in event["message"] and "step 10" in event["message"]
+    # Its own schedule: the first step's learning rate is a fresh run's warm-up value.
+    steps = [ln for ln in lines if ln.kind == "step"]
+    fresh_steps = [ln for ln in fresh_lines if ln.kind == "step"]
+    assert steps[0]["step"] == 1 and steps[0]["lr"] == fresh_steps[0]["lr"]
+    assert _first(lines, "run_end")["reason"] == "completed"
+
+
+def test_a_source_of_another_shape_is_refused_naming_the_field(
+    tmp_path: Path, prepared_data_dir: Path, source: Path
+) -> None:
+    checkpoint = source / "checkpoints" / "source" / "step_0000005"
+    assert checkpoint.is_dir()
+    for path, extra, why in (
+        (source / "export", ("--draft-layers", "2"), "draft_layers: --init-from "),
+        (checkpoint, ("--block-size", "8"), "block_size: --init-from "),
+        (source, (), "init_from: "),  # a run dir is neither: say which one you mean
+    ):
+        run_dir = tmp_path / f"refused_{why.split(':')[0]}"
+        done = run_train(_argv(prepared_data_dir, run_dir, "--init-from", str(path), *extra))
+        assert done.returncode != 0
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"dflash-train train: {why}"), done.stderr[-2000:]
+        assert str(path) in last
+        assert not [ln for ln in status_lines(run_dir) if ln.kind == "run_start"]
+
+
+def test_a_resume_of_the_runs_own_checkpoint_wins_over_init_from(
+    tmp_path: Path, prepared_data_dir: Path, source: Path
+) -> None:
+    checkpoint = source / "checkpoints" / "source" / "step_0000005"
+    run_dir = tmp_path / "b"
+    common = ("--init-from", str(checkpoint), "--run-id", "b", "--save-every", "2")
+    done = run_train(_argv(prepared_data_dir, run_dir, *common, "--max-steps", "2"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = status_lines(run_dir)
+    assert _first(first, "run_start")["init_from"]["kind"] == "checkpoint"
+    assert _first(first, "run_start")["init_from"]["step"] == 5
+    # What a restart does: the same arguments, resuming the run's newest checkpoint.
+    more = ("--max-steps", "4", "--resume-from", "latest")
+    done = run_train(_argv(prepared_data_dir, run_dir, *common, *more))
+    assert done.returncode == 0, done.stderr[-3000:]
+    second = status_lines(run_dir)[len(first) :]
+    start = _first(second, "run_start")
+    assert start["init_from"] is None and start["start_step"] == 2
+    assert start["resumed_from"].endswith("b/step_0000002")
