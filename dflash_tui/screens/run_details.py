@@ -1,5 +1,6 @@
 """The run details screen (`i`): what the run's `run_start` line says — host, pid, steps,
-batches per epoch, topology, dataset statistics and the whole resolved config."""
+batches per epoch, the weights it resumed or began from, topology, dataset statistics and
+the whole resolved config."""
 
 from __future__ import annotations
 
@@ -49,12 +50,18 @@ def run_details(start: StatusLine | None, run_id: str | None) -> Group:
     begun = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start.t))
     run = {"run id": start.run, "started": begun}
     run |= {key: start.get(key) for key in RUN_FIELDS if start.get(key) is not None}
+    source = start.get("init_from")
+    if isinstance(source, Mapping):  # train --init-from: whose weights the drafter began with
+        origin = (
+            f" (run {source.get('run')}, step {source.get('step')})" if source.get("run") else ""
+        )
+        run["init_from"] = f"{source.get('kind')} {source.get('path')}{origin}"
     sections = [_section("run", run)]
     for name in ("topology", "dataset", "config"):
         value = start.get(name)
         sections.append(Text(""))
         sections.append(_section(name, value if isinstance(value, Mapping) else {}))
-    known = {"config", "topology", "dataset", "settings", *RUN_FIELDS}
+    known = {"config", "topology", "dataset", "settings", "init_from", *RUN_FIELDS}
     extra = {k: v for k, v in start.fields.items() if k not in known and k != "history"}
     if extra:
         sections += [Text(""), _section("also recorded", extra)]

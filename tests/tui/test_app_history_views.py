@@ -129,6 +129,28 @@ async def test_i_shows_the_run_details_and_c_lists_its_checkpoints(tmp_path: Pat
         assert not isinstance(app.screen, CheckpointsScreen)
 
 
+def test_the_run_details_say_which_weights_the_drafter_began_from() -> None:
+    # run_start's init_from as the trainer writes it for `train --init-from EXPORT`.
+    source = {
+        "path": "/data/exports/qwen27b-r5", "kind": "export", "run": "4250f4f882ca",
+        "step": 3683, "sha256": "ee6d6869" + "0" * 56,
+    }  # fmt: skip
+    record = {
+        "v": 1, "seq": 0, "t": T0, "run": "r6", "kind": "run_start", "config": {},
+        "topology": {}, "dataset": {}, "batches_per_epoch": 8, "total_steps": 80, "pid": 7,
+        "host": "box", "start_step": 0, "init_from": source,
+    }  # fmt: skip
+    start = protocol.decode_line(json.dumps(record).encode())
+    assert isinstance(start, protocol.StatusLine)
+    console = Console(width=120, record=True, file=io.StringIO())
+    console.print(run_details(start, "r6"))
+    text = console.export_text()
+    row = next(line.split() for line in text.splitlines() if "init_from" in line)
+    assert row == ["init_from", "export", "/data/exports/qwen27b-r5", "(run", "4250f4f882ca,",
+                   "step", "3683)"]  # fmt: skip
+    assert "also recorded" not in text  # said once, in the run's section
+
+
 async def test_a_status_answer_while_the_checkpoints_screen_closes_is_dropped(
     tmp_path: Path,
 ) -> None:
