@@ -18,8 +18,9 @@
 #            .weights28/gguf.sha256: target_stage_session.sh
 #   quality  .whl15 and .weights15/p3/part-a{a..f} with .weights15/gguf.sha256:
 #            quality_session.sh
-# The GGUF's parts are 19 MB: since 2026-12-06 the tree holds a 38.7 MB export and is ~46 MB,
-# so a call has ~21 MB to carry beside it (the 40 MB parts of before no longer fit).
+# The GGUF's parts are 17 MB: since 2026-12-06 the tree holds a 38.7 MB export and is ~46 MB,
+# so a call has ~21 MB to carry beside it (the 40 MB parts of before no longer fit), and 17
+# leaves a few MB for the tree to grow. A data set's part (15.5 MB) travels in a call of its own.
 #   data27   .data27 and .data27s1: git-ignores them and prints the calls that carry their
 #            parts, which a device call made (quality_session.sh [PACK=data27s1] pack send:
 #            copy what came back into .data27/ or .data27s1/); `check` sizes those calls too
@@ -27,7 +28,7 @@ set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 PY=.venv/bin/python
 GGUF=$($PY -c 'from dflash_train.targets.frozen_target import smollm2_gguf_path as p; print(p())')
-GGUF_PART=19000000  # bytes: one part and the tree fit a call's 64 MiB (see above)
+GGUF_PART=17000000  # bytes: one part and the tree fit a call's 64 MiB (see above)
 # The H200 image's Python is 3.12 on x86-64; pure-Python wheels match any of these tags.
 TAGS=(--only-binary=:all: --python-version 3.12 --implementation cp
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The second quality session on one H200, in stages over consecutive calls (the machine
-# keeps /tmp while it stays warm; the 98 MB GGUF travels in six 19 MB parts, made by
+# keeps /tmp while it stays warm; the 98 MB GGUF travels in six 17 MB parts, made by
 # `make_carry.sh quality`, since a call carries 64 MiB with the tree, ~46 MB since the
 # committed export became a 5-layer drafter's 38.7 MB, 2026-12-06):
 #   carry  copy the part this call carried to /tmp/gguf (one part a call, the last with the

