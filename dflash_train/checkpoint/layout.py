@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -159,6 +160,31 @@ def export_facts(path: Path) -> dict[str, Any]:
         "run_id": info.get("run_id"),
         "step": int(step) if step.isdigit() else None,
     }
+
+
+@dataclass(frozen=True)
+class InitSource:
+    """The weights `train --init-from` names (training/init_weights.py loads them)."""
+
+    path: Path
+    kind: str  # "export" or "checkpoint" (weights_kind)
+    facts: dict[str, Any]  # the shape facts, and the run and step it came from
+
+
+def find_init_source(spec: str, config: TrainConfig) -> InitSource:
+    """The weights `--init-from` names, checked against the run's config without torch (the
+    trainer before anything heavy loads, and launch's preflight): ValueError naming the
+    field, or that the path is neither kind."""
+    path = Path(spec).expanduser()
+    kind = weights_kind(path)
+    if kind is None:
+        raise ValueError(
+            f"init_from: {path} is neither an export dir (config.json and model.safetensors) "
+            "nor a checkpoint dir (drafter_config.json and state.json)"
+        )
+    facts = export_facts(path) if kind == "export" else checkpoint_facts(path)
+    check_compatible(f"--init-from {path}", facts, facts_from_config(config), to="start from it")
+    return InitSource(path.resolve(), kind, facts)
 
 
 def _json_object(path: Path) -> dict[str, Any]:

@@ -129,6 +129,17 @@ def check_data_dir(path: str) -> None:
         _readable(shard, "shard")
 
 
+def check_init_from(config: TrainConfig) -> None:
+    """--init-from's weights exist and have the run's shape (what the trainer checks first)."""
+    from dflash_train.checkpoint.layout import find_init_source
+
+    assert config.run.init_from is not None
+    try:
+        find_init_source(config.run.init_from, config)
+    except ValueError as exc:
+        raise PreflightError("bad_init_from", str(exc)) from None
+
+
 def gpu_indices(devices: Sequence[str] | None) -> list[int]:
     """GPU indices named by a parsed device list ("cpu", "cuda:3")."""
     return sorted({int(d.split(":", 1)[1]) for d in devices or () if d.startswith("cuda:")})
@@ -217,6 +228,8 @@ def preflight_config(
     data_dirs = config.train.data_dir
     for spec in (data_dirs,) if isinstance(data_dirs, str) else data_dirs:
         check_data_dir(spec.rsplit("*", 1)[0] if spec.rsplit("*", 1)[-1].isdigit() else spec)
+    if config.run.init_from and not config.run.resume_from:
+        check_init_from(config)
     devices = [*(config.pipeline.target_gpus or ()), *(config.pipeline.drafter_gpus or ())]
     check_gpus(gpu_indices(devices), allow_busy=allow_busy)
     check_output_dir(run_dir)

@@ -3,48 +3,23 @@ checkpoint dir) with this run's own optimizer, learning-rate schedule and step 0
 drafter needs to train on past one sitting's device time (a session's machine is gone with
 its checkpoints; the committed export is not), or on new data, or a published drafter tuned
 to one's own traffic. The source's shape is checked against the run's config before anything
-heavy loads, and its whole config against the drafter the run builds; its mask token is
-kept, as a resume keeps a checkpoint's. A run that resumes a checkpoint (its own, on a
+heavy loads (checkpoint_layout.find_init_source, which launch's preflight runs too), and
+its whole config against the drafter the run builds; its mask token is kept, as a resume
+keeps a checkpoint's. A run that resumes a checkpoint (its own, on a
 restart) takes that checkpoint's weights and optimizer instead."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, fields
-from pathlib import Path
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from dflash_train.checkpoint import layout as checkpoint_layout
 
 if TYPE_CHECKING:
-    from dflash_train.config.train_config import TrainConfig
+    from dflash_train.checkpoint.layout import InitSource
     from dflash_train.model.drafter import DFlashConfig, DFlashDrafter
-
-
-@dataclass(frozen=True)
-class InitSource:
-    path: Path
-    kind: str  # "export" or "checkpoint" (checkpoint_layout.weights_kind)
-    facts: dict[str, Any]  # checkpoint_layout's shape facts, and the run and step it came from
-
-
-def find_source(spec: str, config: TrainConfig) -> InitSource:
-    """The weights `--init-from` names, checked against the run's config (torch-free)."""
-    path = Path(spec).expanduser()
-    kind = checkpoint_layout.weights_kind(path)
-    if kind is None:
-        raise ValueError(
-            f"init_from: {path} is neither an export dir (config.json and model.safetensors) "
-            "nor a checkpoint dir (drafter_config.json and state.json)"
-        )
-    if kind == "export":
-        facts = checkpoint_layout.export_facts(path)
-    else:
-        facts = checkpoint_layout.checkpoint_facts(path)
-    wanted = checkpoint_layout.facts_from_config(config)
-    checkpoint_layout.check_compatible(f"--init-from {path}", facts, wanted, to="start from it")
-    return InitSource(path.resolve(), kind, facts)
 
 
 def source_config(source: InitSource) -> DFlashConfig:

@@ -36,7 +36,6 @@ from dflash_train.stream.writer import StatusWriter
 from dflash_train.targets.linear_attention import fallback_warning
 from dflash_train.training import init_weights, resume
 from dflash_train.training.heldout_eval import HeldoutEvaluator
-from dflash_train.training.init_weights import InitSource
 from dflash_train.training.loop import Progress, run_epochs
 from dflash_train.training.stop_flag import StopFlag
 
@@ -87,7 +86,8 @@ class TrainingRun:
         self.resumed_from: str | None = None
         self.resumed_run: str | None = None
         self.resume_path: Path | None = None
-        self.init_source: InitSource | None = None  # --init-from, unless a resume wins
+        # --init-from, unless a resume wins
+        self.init_source: checkpoint_layout.InitSource | None = None
         self.initialised_from: dict[str, Any] | None = None
         self.mask_reason = ""
         self._plan_cache: tuple[int, list[list[int]]] | None = None
@@ -148,7 +148,7 @@ class TrainingRun:
         if config.run.resume_from:
             self.resume_path = resume.find_resume(self, config.run.resume_from)
         if config.run.init_from and self.resume_path is None:
-            self.init_source = init_weights.find_source(config.run.init_from, config)
+            self.init_source = checkpoint_layout.find_init_source(config.run.init_from, config)
         self._load_data()
         self._load_models(torch)
         self._build_stepper()

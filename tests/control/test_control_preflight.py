@@ -68,6 +68,38 @@ def test_refused_with_a_named_reason(
     assert _untouched(run_dir)
 
 
+@pytest.fixture(scope="module")
+def tiny_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real export of an untrained drafter shaped for random:tiny: 1 layer fed by 1 target
+    layer, 4-token blocks."""
+    import torch
+
+    from dflash_train.checkpoint.export import export_drafter
+    from dflash_train.model.drafter import DFlashDrafter, drafter_config_for_target
+    from dflash_train.targets.frozen_target import load_target
+
+    target = load_target(TARGET, torch.device("cpu"), torch.float32)
+    config = drafter_config_for_target(target, num_layers=1, block_size=4, num_context_layers=1)
+    return export_drafter(DFlashDrafter(config), tmp_path_factory.mktemp("init") / "export")
+
+
+def test_init_from_weights_of_another_shape_or_of_nothing_is_refused(
+    tmp_path: Path, data: Path, tiny_export: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    shape = ("--draft-layers", "1", "--target-layers", "1")
+    for extra, words in (
+        (("--block-size", "8"), "block_size: --init-from"),
+        (("--block-size", "4", "--draft-layers", "2"), "draft_layers: --init-from"),
+        (("--block-size", "4", "--init-from", str(tmp_path)), "is neither an export dir"),
+    ):
+        args = ("--init-from", str(tiny_export), *shape, *extra)
+        rc, reply = _launch(run_dir, data, *args)
+        assert rc == 1 and reply.error_code == "bad_init_from", reply
+        assert words in (reply.error or "") and "\n" not in (reply.error or "")
+        assert _untouched(run_dir)
+
+
 def test_data_dir_problems(tmp_path: Path, data: Path) -> None:
     run_dir = tmp_path / "run"
     rc, reply = _launch(run_dir, tmp_path / "missing")
