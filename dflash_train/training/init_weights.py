@@ -5,8 +5,8 @@ its checkpoints; the committed export is not), or on new data, or a published dr
 to one's own traffic. The source's shape is checked against the run's config before anything
 heavy loads (checkpoint_layout.find_init_source, which launch's preflight runs too), and
 its whole config against the drafter the run builds; its mask token is kept, as a resume
-keeps a checkpoint's. A run that resumes a checkpoint (its own, on a
-restart) takes that checkpoint's weights and optimizer instead."""
+keeps a checkpoint's, unless this run's data holds it. A run that resumes a checkpoint (its
+own, on a restart) takes that checkpoint's weights and optimizer instead."""
 
 from __future__ import annotations
 
@@ -18,8 +18,11 @@ from typing import TYPE_CHECKING, Any
 from dflash_train.checkpoint import layout as checkpoint_layout
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from dflash_train.checkpoint.layout import InitSource
     from dflash_train.model.drafter import DFlashConfig, DFlashDrafter
+    from dflash_train.model.mask_token import MaskChoice
 
 
 def source_config(source: InitSource) -> DFlashConfig:
@@ -30,6 +33,22 @@ def source_config(source: InitSource) -> DFlashConfig:
         record = json.loads((source.path / checkpoint_layout.EXPORT_CONFIG).read_text("utf-8"))
         return config_from_export(record)
     return read_drafter_config(source.path)
+
+
+def mask_choice(source: InitSource, seen: np.ndarray | None) -> MaskChoice:
+    """The source's mask: its weights learned block slots holding that token, so it stays;
+    refused if this run's data holds it (`seen`: mask_token.tokens_seen, None where the
+    target has a spare row), since a mask token must never be a real input."""
+    from dflash_train.model.mask_token import MaskChoice
+
+    saved = source_config(source)
+    token = saved.mask_token_id
+    if saved.mask_mode == "token" and token is not None and seen is not None and seen[token]:
+        raise ValueError(
+            f"init_from: {source.path} drafts with mask token {token}, which occurs in this "
+            "run's training data; start fresh, or train on data without it"
+        )
+    return MaskChoice(saved.mask_mode, token, f"the --init-from weights' ({source.kind})")
 
 
 # Fields that do not change the weights: the RoPE table is made to the run's length.

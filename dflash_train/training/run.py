@@ -320,17 +320,17 @@ class TrainingRun:
         if self.resume_path is not None:  # the drafter was trained with the checkpoint's
             saved = read_drafter_config(self.resume_path)
             return MaskChoice(saved.mask_mode, saved.mask_token_id, "the resumed checkpoint's")
-        if self.init_source is not None:  # the weights learned with their mask token
-            saved = init_weights.source_config(self.init_source)
-            return MaskChoice(saved.mask_mode, saved.mask_token_id, "the --init-from weights'")
         target = self.targets[0]
-        request = parse_mask_request(self.config.model.mask_token)
         # Only a table without a spare row needs the data scanned (one pass over input_ids).
         needs_scan = getattr(target.tokenizer, "mask_token_id", None) is None and (
             target.vocab_size <= len(target.tokenizer)
         )
         seen = tokens_seen(self.dataset.table, target.vocab_size) if needs_scan else None
-        choice = choose_mask(target.tokenizer, target.vocab_size, seen, request)
+        if self.init_source is not None:  # the weights learned with their mask token
+            choice = init_weights.mask_choice(self.init_source, seen)
+        else:
+            request = parse_mask_request(self.config.model.mask_token)
+            choice = choose_mask(target.tokenizer, target.vocab_size, seen, request)
         self.mask_reason = choice.reason
         print(f"mask: {choice.reason}", file=sys.stderr)
         return choice

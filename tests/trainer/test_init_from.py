@@ -6,8 +6,11 @@ checkpoint wins over it. Real trainer processes on the CPU, the real prepared da
 from __future__ import annotations
 
 import hashlib
+import json
+import shutil
 from pathlib import Path
 
+import datasets
 import pytest
 from train_process import losses_by_step, run_train, status_lines, train_argv
 
@@ -110,3 +113,36 @@ def test_a_resume_of_the_runs_own_checkpoint_wins_over_init_from(
     start = _first(second, "run_start")
     assert start["init_from"] is None and start["start_step"] == 2
     assert start["resumed_from"].endswith("b/step_0000002")
+
+
+def test_weights_whose_mask_token_is_in_the_new_data_are_refused(
+    tmp_path: Path, prepared_data_dir: Path, source: Path
+) -> None:
+    # The source drafts with a token absent from its data (SmolLM2's table has no spare
+    # row). New data holding that token would make the mask a real input: refused.
+    export = source / "export"
+    mask = json.loads((export / "config.json").read_text())["dflash_config"]["mask_token_id"]
+    table = datasets.load_from_disk(str(prepared_data_dir))
+    assert mask not in {t for ids in table["input_ids"] for t in ids}
+
+    def with_mask(row: dict, index: int) -> dict:
+        return (
+            {"input_ids": [*row["input_ids"][:3], mask, *row["input_ids"][4:]]}
+            if index == 0
+            else {}
+        )
+
+    data = tmp_path / "data"
+    table.map(with_mask, with_indices=True).save_to_disk(str(data))
+    shutil.copy(prepared_data_dir / "prepare.json", data / "prepare.json")
+    run_dir = tmp_path / "run"
+    done = run_train(_argv(data, run_dir, "--max-steps", "2", "--init-from", str(export)))
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"dflash-train train: init_from: {export.resolve()} drafts with mask token {mask}, "
+        "which occurs in this run's training data; start fresh, or train on data without it"
+    ), done.stderr[-2000:]
+    # The same data from scratch picks another mask token and trains.
+    done = run_train(_argv(data, tmp_path / "fresh", "--max-steps", "1"))
+    assert done.returncode == 0, done.stderr[-3000:]
