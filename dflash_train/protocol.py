@@ -349,6 +349,13 @@ def round_shares(
     return {d: sum(round_lengths[d:]) / rounds for d in drafts if rounds and d < len(round_lengths)}
 
 
+def init_from_text(source: Mapping[str, Any]) -> str:
+    """run_start's `init_from` in words: "export PATH (run R, step N)". One wording for the
+    trainer's event and the console's run details."""
+    origin = f" (run {source.get('run')}, step {source.get('step')})" if source.get("run") else ""
+    return f"{source.get('kind')} {source.get('path')}{origin}"
+
+
 def is_marker(line: StatusLine) -> bool:
     return line.kind == "event" and line.fields.get("code") in MARKER_CODES
 

@@ -25,20 +25,21 @@ def _json(path: Path) -> Any:
         return None
 
 
-def step_records(status: Path) -> list[dict[str, Any]]:
-    records = []
+def records(status: Path, kind: str) -> list[dict[str, Any]]:
+    """The stream's lines of `kind`, decoded (the envelope reader skips the others without
+    decoding them); none for a stream that cannot be read."""
+    from dflash_train.stream.reader import read_envelope
+
     try:
-        lines = status.read_text(encoding="utf-8").splitlines()
+        lines = status.read_bytes().splitlines()
     except OSError:
-        return records
+        return []
+    out = []
     for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("kind") == "step":
-            records.append(record)
-    return records
+        envelope = read_envelope(line)
+        if envelope is not None and envelope.kind == kind:
+            out.append(json.loads(line))
+    return out
 
 
 def run_evaluations(streams: list[Path]) -> list[dict[str, Any]]:
@@ -60,19 +61,9 @@ def device_name(streams: list[Path]) -> str | None:
     """The GPU the run trained on, from its first `gpu` record that names one (the plot's
     title said "one H200" after a run on an H100, 2026-12-06)."""
     for stream in streams:
-        try:
-            lines = stream.read_text(encoding="utf-8").splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            if '"gpu"' not in line:
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
+        for record in records(stream, "gpu"):
             names = [g.get("name") for g in record.get("gpus") or () if isinstance(g, dict)]
-            if record.get("kind") == "gpu" and names and names[0]:
+            if names and names[0]:
                 return str(names[0])
     return None
 
@@ -145,7 +136,7 @@ def main() -> int:
     streams = args.status or [work / "run" / "status.jsonl"]
     steps = []
     for stream in streams:  # a resumed run's lines continue the earlier one's
-        later = step_records(stream)
+        later = records(stream, "step")
         if steps and later:
             later = [r for r in later if r["step"] > steps[-1]["step"]]
         steps += later

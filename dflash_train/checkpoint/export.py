@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from dflash_train.checkpoint.layout import EXPORT_CONFIG, EXPORT_WEIGHTS
+from dflash_train.checkpoint.layout import EXPORT_CONFIG, EXPORT_WEIGHTS, weights_kind
 from dflash_train.model.drafter import CONFIG_FILE, DFlashConfig, DFlashDrafter, load_drafter
 
 EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -218,6 +218,6 @@ def load_any_drafter(
 ) -> DFlashDrafter:
     """An export dir (config.json), a checkpoint dir, or a run dir (newest checkpoint)."""
     folder = Path(path).expanduser()
-    if (folder / EXPORT_CONFIG).is_file() and (folder / EXPORT_WEIGHTS).is_file():
+    if weights_kind(folder) == "export":
         return load_exported(folder, device, dtype)
     return load_drafter(resolve_export_source(folder), device, dtype)

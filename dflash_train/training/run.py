@@ -29,6 +29,7 @@ from dflash_train.pipeline.progress_line import ProgressLine, step_figures
 from dflash_train.pipeline.run_dir_watch import RunDirWatch
 from dflash_train.pipeline.sources import AsyncSource, BatchLoader, SyncSource
 from dflash_train.pipeline.stage_timers import StageTimers
+from dflash_train.protocol import init_from_text
 from dflash_train.rundir import RunDir
 from dflash_train.stream.beat import Beat
 from dflash_train.stream.eval_inbox import EvalInbox
@@ -438,9 +439,7 @@ class TrainingRun:
             kernels=kernels,
         )
         if self.initialised_from is not None:
-            source = self.initialised_from
-            origin = f" (run {source['run']}, step {source['step']})" if source["run"] else ""
-            message = f"drafter initialised from the {source['kind']} {source['path']}{origin}"
+            message = f"drafter initialised from the {init_from_text(self.initialised_from)}"
             print(message, file=sys.stderr)
             self.writer.write("event", level="info", code="init_from", message=message)
         warning = fallback_warning(kernels["target_layer_paths"] or {})

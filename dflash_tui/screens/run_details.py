@@ -18,7 +18,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from dflash_train.protocol import StatusLine
+from dflash_train.protocol import StatusLine, init_from_text
 
 RUN_FIELDS = ("host", "pid", "total_steps", "batches_per_epoch", "start_step", "resumed_from")
 
@@ -52,10 +52,7 @@ def run_details(start: StatusLine | None, run_id: str | None) -> Group:
     run |= {key: start.get(key) for key in RUN_FIELDS if start.get(key) is not None}
     source = start.get("init_from")
     if isinstance(source, Mapping):  # train --init-from: whose weights the drafter began with
-        origin = (
-            f" (run {source.get('run')}, step {source.get('step')})" if source.get("run") else ""
-        )
-        run["init_from"] = f"{source.get('kind')} {source.get('path')}{origin}"
+        run["init_from"] = init_from_text(source)
     sections = [_section("run", run)]
     for name in ("topology", "dataset", "config"):
         value = start.get(name)
