@@ -30,7 +30,9 @@ def test_flex_tiles_cpu_smoke(tmp_path: Path) -> None:
     configs = result["configs"]
     assert list(configs) == ["default", "bwd_warps8"]
     for got in configs.values():
-        assert got["fwd_ms"] > 0 and got["fwd_bwd_ms"] > got["fwd_ms"]
+        # Times only: which is larger is the GPU's figure, not a CPU smoke's (2 repeats of
+        # eager flex on a quiet 2-core box once timed fwd+bwd 73.5 ms under fwd's 74.6).
+        assert got["fwd_ms"] > 0 and got["fwd_bwd_ms"] > 0
         assert got["bwd_ms"] == round(got["fwd_bwd_ms"] - got["fwd_ms"], 3)
         # Eager flex ignores kernel options: the same math gives the same numbers.
         assert set(got["max_diff_vs_default"]) == {"out", "grad_q", "grad_k", "grad_v"}
