@@ -194,3 +194,18 @@ def test_write_result_takes_the_runs_own_evaluations_and_the_exports_size(
     again = json.loads((tmp_path / "out" / "result.json").read_text())
     assert again["trained_on"] == "NVIDIA H100 80GB HBM3"
     assert again["heldout_tau_curve"] == result["heldout_tau_curve"]
+    # EVAL_BF16: the export decoded in fp32 (tau, losslessness) and again in bf16 (goal 2's
+    # speed-up); result.json names each speed-up by its precision and keeps fp32's tau.
+    fp32 = {"command": "eval", "ok": True, "tau": 2.5, "speedup": 0.8, "dtype": "float32",
+            "lossless": True}  # fmt: skip
+    bf16 = {"command": "eval", "ok": True, "tau": 2.6, "speedup": 1.75, "dtype": "bfloat16",
+            "lossless": False, "mismatched_prompts": [3], "round_lengths": [1, 2]}  # fmt: skip
+    (work / "eval.json").write_text(json.dumps(fp32) + "\n")
+    (work / "eval_bf16.json").write_text("progress\n" + json.dumps(bf16) + "\n")
+    done = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    both = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert (both["tau"], both["lossless"]) == (2.5, True)
+    assert (both["speedup_fp32"], both["speedup_bf16"]) == (0.8, 1.75)
+    assert both["eval_bf16"]["mismatched_prompts"] == [3]
+    assert "round_lengths" not in both["eval_bf16"]

@@ -3,7 +3,8 @@ draw the loss / teacher-forced tau / held-out tau curve (matplotlib if present, 
 plotext's text plot is saved instead).
 
     python bench/quality/write_result.py --work W --out OUT
-    (reads W/prepare.json, W/eval.json, W/curve.json, W/ngram.json, W/run/status.jsonl)
+    (reads W/prepare.json, W/eval.json, W/curve.json, W/ngram.json, W/run/status.jsonl, and
+    W/eval_bf16.json: the same export decoded in the other precision, when it was)
 """
 
 from __future__ import annotations
@@ -15,6 +16,14 @@ from pathlib import Path
 from typing import Any
 
 DATA_FIELDS = ("prompts", "sources", "passes", "stats", "seconds", "answer_tokens_per_s")
+# The issue's names for the eval's speed-up in each precision (`eval --dtype`).
+SHORT = {"float32": "fp32", "bfloat16": "bf16"}
+# What result.json keeps of a second eval's reply (its per-prompt lists stay in the file).
+SECOND_EVAL_FIELDS = (
+    "tau", "tokens_per_target_forward", "blocks", "generated_tokens", "baseline_generated_tokens",
+    "greedy_seconds", "spec_seconds", "speedup", "lossless", "mismatched_prompts", "divergences",
+    "prompts", "dtype", "device",
+)  # fmt: skip
 
 
 def _json(path: Path) -> Any:
@@ -171,10 +180,16 @@ def main() -> int:
         "data": {k: prepare.get(k) for k in DATA_FIELDS},
         "eval": evaluation,
     }  # fmt: skip
-    # The issue's names for the eval's speed-up in each precision (`eval --dtype`).
-    short = {"float32": "fp32", "bfloat16": "bf16"}.get(evaluation.get("dtype", ""))
+    short = SHORT.get(evaluation.get("dtype", ""))
     if short:
         result[f"speedup_{short}"] = evaluation.get("speedup")
+    # The same export in the other precision (the train stage's EVAL_BF16): tau and
+    # losslessness stay the first eval's, the speed-up in its precision comes from this one.
+    second = _json(work / "eval_bf16.json") or {}
+    other = SHORT.get(second.get("dtype", ""))
+    if other and other != short:
+        result[f"speedup_{other}"] = second.get("speedup")
+        result[f"eval_{other}"] = {k: second.get(k) for k in SECOND_EVAL_FIELDS}
     if args.export_file and args.export_file.is_file():
         result["export_bytes"] = args.export_file.stat().st_size
         result["export_sha256"] = hashlib.sha256(args.export_file.read_bytes()).hexdigest()

@@ -18,8 +18,10 @@
 #   train  (run 3) config c trains TRAIN_S seconds on the `data` stage's data (resuming the
 #          newest checkpoint of an earlier `train` call, if any), then export, eval of the 40
 #          held-out prompts x 256 (blocks 16 and 8; EVAL_DTYPE, float32 by default),
-#          result.json, and held-out tau of the checkpoints in the time left (NO_CURVE=1:
-#          none; with --eval-every in TRAIN_FLAGS the run's own evaluations are the curve);
+#          result.json (EVAL_BF16=1: the export again in bfloat16 at block 16, within
+#          EVAL_END_S + 90 s, for speedup_bf16), and held-out tau of the checkpoints in the
+#          time left (NO_CURVE=1: none; with --eval-every in TRAIN_FLAGS the run's own
+#          evaluations are the curve);
 #          the export comes back as export.tar.part-*, the other files in bundle.tar.gz
 #   measure  the committed export (bench/results/quality_smollm2/export) decoded by `dflash-train
 #          eval` on the 40 held-out prompts x 256, block 16, in each of MEASURE_DTYPES
@@ -609,6 +611,15 @@ export_and_measure() {
     --device "$DEV" --block-size 16 --block-size 8 --dtype "${EVAL_DTYPE:-float32}" \
     >"$W/eval.json" 2>>"$OUT/log.txt"
   cut -c1-800 "$W/eval.json" >>"$OUT/log.txt"
+  # EVAL_BF16=1: the same export in bf16 too (block 16, ~65 s on an H100), so one export
+  # carries both of issue 27's figures: tau (fp32, lossless) and the bf16 speed-up.
+  rm -f "$W/eval_bf16.json"
+  if [ -n "${EVAL_BF16:-}" ]; then
+    cmd timeout -k 5 $((eval_end + 90 - SECONDS > 60 ? eval_end + 90 - SECONDS : 60)) \
+      $DT eval --target-model smollm2 --drafter "$OUT/export" --prompts builtin "${EVAL_ARGS[@]}" \
+      --device "$DEV" --block-size 16 --dtype bfloat16 >"$W/eval_bf16.json" 2>>"$W/eval_bf16.err"
+    cut -c1-400 "$W/eval_bf16.json" >>"$OUT/log.txt"
+  fi
   (cd "$OUT/export" && sha256sum model.safetensors >model.safetensors.sha256)
   write_result "$@"
   # In-run evaluations (train --eval-every) already make the curve; else curve.py decodes
