@@ -50,7 +50,9 @@ def apply_run_defaults(args: argparse.Namespace) -> HeldoutSet:
     if args.max_new_tokens is None:
         args.max_new_tokens = config.get("eval_tokens") or 128
     args.max_length = config.get("max_length") or 2048
-    spec = args.prompts or eval_data_spec(str(config.get("data_dir")), config.get("eval_data"))
+    # data_dir is a list when the run trained on several (train's repeated --data-dir).
+    data_dirs = config.get("data_dir") or ""
+    spec = args.prompts or eval_data_spec(data_dirs, config.get("eval_data"))
     args.prompts = spec
     try:
         return load_heldout(spec)

@@ -79,7 +79,8 @@ class RunOptions:
     eval_tokens: int = option("int", 128, "new tokens at most per held-out prompt", minimum=1)
     eval_data: str | None = option(
         "str", None, "the held-out set: a prepared data dir (its heldout.jsonl), a .jsonl "
-        "file, or builtin (default: DATA_DIR/heldout.jsonl)", metavar="DIR|FILE",
+        "file, or builtin (default: DATA_DIR/heldout.jsonl, the first of the data dirs that "
+        "has one)", metavar="DIR|FILE",
     )  # fmt: skip
     wandb_project: str | None = option("str", None, "log to this W&B project (offline w/o key)")
     wandb_entity: str | None = option("str", None, "the W&B team or user (default: the key's)")

@@ -52,6 +52,17 @@ def heldout_path(spec: str) -> Path:
     return path / HELDOUT_FILE if path.is_dir() else path
 
 
+def default_heldout(data_dirs: str | Sequence[str]) -> str:
+    """The held-out set of a run given no --eval-data: the heldout.jsonl of the first of its
+    data dirs that has one (`DIR*K` names DIR), else where the first one's would be, so that
+    the error saying it is missing names it."""
+    from dflash_train.data.dataset import split_weight
+
+    specs = (data_dirs,) if isinstance(data_dirs, str) else tuple(data_dirs)
+    paths = [Path(split_weight(spec)[0]).expanduser() / HELDOUT_FILE for spec in specs]
+    return str(next((path for path in paths if path.is_file()), paths[0]))
+
+
 def load_heldout(spec: str) -> HeldoutSet:
     """Raises HeldoutError naming the file (and line) at fault."""
     if spec == BUILTIN:

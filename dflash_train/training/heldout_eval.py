@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from dflash_train.checkpoint import store as checkpoints
 from dflash_train.checkpoint.heldout_score import write_score
 from dflash_train.control.eval_record import event_line_fields
-from dflash_train.data.heldout import HeldoutError, HeldoutSet, heldout_path, load_heldout
+from dflash_train.data.heldout import HeldoutError, HeldoutSet, default_heldout, load_heldout
 
 ALIVE_EVERY_S = 5.0
 ALIVE_LIMIT_S = 1800.0
@@ -49,9 +49,10 @@ if TYPE_CHECKING:
     from dflash_train.training.run import TrainingRun
 
 
-def eval_data_spec(data_dir: str, eval_data: str | None) -> str:
-    """The held-out set a run evaluates on: --eval-data, else the data dir's heldout.jsonl."""
-    return eval_data if eval_data is not None else str(heldout_path(data_dir))
+def eval_data_spec(data_dirs: str | Sequence[str], eval_data: str | None) -> str:
+    """The held-out set a run evaluates on: --eval-data, else its data dirs' heldout.jsonl
+    (the first that has one)."""
+    return eval_data if eval_data is not None else default_heldout(data_dirs)
 
 
 class HeldoutEvaluator:
