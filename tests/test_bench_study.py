@@ -209,3 +209,41 @@ def test_write_result_takes_the_runs_own_evaluations_and_the_exports_size(
     assert (both["speedup_fp32"], both["speedup_bf16"]) == (0.8, 1.75)
     assert both["eval_bf16"]["mismatched_prompts"] == [3]
     assert "round_lengths" not in both["eval_bf16"]
+
+
+def test_lineage_counts_each_hops_steps_after_the_ones_before(tmp_path: Path) -> None:
+    # Two hops of one drafter (the second `--init-from` the first's export): the second's
+    # in-run evaluations are placed after the first's steps, each hop's 40 x 256 tau at its
+    # end, in lineage.json and a PNG; a hop without a result.json is refused by name.
+    first = {
+        "steps": 300,
+        "tau": 2.4,
+        "lossless": True,
+        "heldout_tau_curve": [
+            {"step": 100, "tau": 1.5},
+            {"step": 200, "tau": 2.0},
+            {"step": 300, "tau": None},
+        ],
+    }
+    second = {
+        "steps": 50, "tau": 2.5, "lossless": True, "init_from": {"run": "r1"},
+        "heldout_tau_curve": [{"step": 25, "tau": 2.2}, {"step": 50, "tau": 2.3}],
+    }  # fmt: skip
+    for name, result in (("a", first), ("b", second)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "result.json").write_text(json.dumps(result))
+    argv = [sys.executable, "bench/quality/lineage.py", f"run1={tmp_path / 'a'}",
+            f"run2={tmp_path / 'b'}", "--out", str(tmp_path / "out")]  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lineage = json.loads((tmp_path / "out" / "lineage.json").read_text())
+    assert [(h["name"], h["start"], h["end"], h["tau_40x256"]) for h in lineage] == [
+        ("run1", 0, 300, 2.4), ("run2", 300, 350, 2.5)
+    ]  # fmt: skip
+    assert [(p["step"], p["hop_step"]) for p in lineage[1]["curve"]] == [(325, 25), (350, 50)]
+    assert [p["step"] for p in lineage[0]["curve"]] == [100, 200]  # no tau: not a point
+    assert lineage[1]["init_from"] == "r1"
+    assert (tmp_path / "out" / "lineage.png").stat().st_size > 0
+    argv[3] = f"run2={tmp_path / 'missing'}"
+    done = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "missing/result.json: unreadable" in done.stderr

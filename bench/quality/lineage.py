@@ -1,0 +1,97 @@
+"""One drafter's long schedule over several runs, each started from the one before's export
+(`train --init-from`): the held-out tau of every hop against the steps since the first
+hop began, in one PNG, with each hop's 40 x 256 figure at its end.
+
+    python bench/quality/lineage.py run5=bench/results/quality_smollm2/run5 \
+        run6=bench/results/quality_smollm2 --out DIR
+
+Each hop is a quality result dir (its result.json, as write_result.py writes it): the in-run
+evaluations (`heldout_tau_curve`: 10 prompts x 128, bf16) and the hop's own `steps` and
+`tau`. Hops are named in order; a hop's steps are counted after the hops before it.
+Writes lineage.json and lineage.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def hops(named: list[str]) -> list[dict[str, Any]]:
+    """Each NAME=DIR's curve and figures, its steps offset by the hops before it."""
+    out: list[dict[str, Any]] = []
+    offset = 0
+    for item in named:
+        name, sep, where = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"lineage: {item!r}: expected NAME=RESULT_DIR")
+        path = Path(where) / "result.json"
+        try:
+            result = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"lineage: {path}: unreadable ({exc})") from None
+        steps = result.get("steps")
+        if not isinstance(steps, int):
+            raise SystemExit(f"lineage: {path}: no `steps`")
+        curve = [
+            {"step": offset + p["step"], "hop_step": p["step"], "tau": p["tau"]}
+            for p in result.get("heldout_tau_curve") or ()
+            if isinstance(p.get("step"), int) and p.get("tau") is not None
+        ]
+        out.append({
+            "name": name, "dir": where, "start": offset, "end": offset + steps,
+            "tau_40x256": result.get("tau"), "lossless": result.get("lossless"),
+            "init_from": (result.get("init_from") or {}).get("run"), "curve": curve,
+        })  # fmt: skip
+        offset += steps
+    return out
+
+
+def plot(lineage: list[dict[str, Any]], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    for hop in lineage:
+        line = ax.plot(
+            [p["step"] for p in hop["curve"]], [p["tau"] for p in hop["curve"]], "o-",
+            label=f"{hop['name']}: held-out, 10 x 128, bf16",
+        )  # fmt: skip
+        if hop["tau_40x256"] is not None:
+            ax.plot(
+                [hop["end"]], [hop["tau_40x256"]], "*", markersize=14, color=line[0].get_color(),
+                label=f"{hop['name']}: {hop['tau_40x256']:.3f} on 40 x 256, fp32",
+            )  # fmt: skip
+        if hop["start"]:
+            ax.axvline(hop["start"], color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("steps since the first hop began")
+    ax.set_ylabel("held-out τ (tokens per draft-verify round)")
+    ax.set_title("One drafter over several runs (train --init-from)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    return True
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("hop", nargs="+", help="NAME=RESULT_DIR, first hop first")
+    parser.add_argument("--out", required=True, type=Path)
+    args = parser.parse_args()
+    lineage = hops(args.hop)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "lineage.json").write_text(json.dumps(lineage, indent=1) + "\n", encoding="utf-8")
+    drawn = plot(lineage, args.out / "lineage.png")
+    print(json.dumps({"hops": [h["name"] for h in lineage], "png": drawn}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
