@@ -30,6 +30,19 @@ class MaskChoice:
     reason: str
 
 
+def refuse_seen_mask(saved: MaskChoice, seen: np.ndarray | None, field: str, path: object) -> None:
+    """A drafter's weights learned with their mask token, so a run that goes on from them
+    (a resume, --init-from) keeps it; but never where this run's data holds it (`seen`:
+    tokens_seen, None where the target has a spare row), since a mask token must never be a
+    real input. Raises ValueError naming the option."""
+    token = saved.token_id
+    if saved.mode == "token" and token is not None and seen is not None and seen[token]:
+        raise ValueError(
+            f"{field}: {path} drafts with mask token {token}, which occurs in this run's "
+            "training data; start fresh, or train on data without it"
+        )
+
+
 def parse_mask_request(text: str) -> str | int:
     """`auto`, `learned` or a token id; raises ValueError naming the option."""
     value = text.strip()

@@ -39,16 +39,14 @@ def mask_choice(source: InitSource, seen: np.ndarray | None) -> MaskChoice:
     """The source's mask: its weights learned block slots holding that token, so it stays;
     refused if this run's data holds it (`seen`: mask_token.tokens_seen, None where the
     target has a spare row), since a mask token must never be a real input."""
-    from dflash_train.model.mask_token import MaskChoice
+    from dflash_train.model.mask_token import MaskChoice, refuse_seen_mask
 
     saved = source_config(source)
-    token = saved.mask_token_id
-    if saved.mask_mode == "token" and token is not None and seen is not None and seen[token]:
-        raise ValueError(
-            f"init_from: {source.path} drafts with mask token {token}, which occurs in this "
-            "run's training data; start fresh, or train on data without it"
-        )
-    return MaskChoice(saved.mask_mode, token, f"the --init-from weights' ({source.kind})")
+    kept = MaskChoice(
+        saved.mask_mode, saved.mask_token_id, f"the --init-from weights' ({source.kind})"
+    )
+    refuse_seen_mask(kept, seen, "init_from", source.path)
+    return kept
 
 
 # Fields that do not change the weights: the RoPE table is made to the run's length.

@@ -315,18 +315,22 @@ class TrainingRun:
             MaskChoice,
             choose_mask,
             parse_mask_request,
+            refuse_seen_mask,
             tokens_seen,
         )
 
-        if self.resume_path is not None:  # the drafter was trained with the checkpoint's
-            saved = read_drafter_config(self.resume_path)
-            return MaskChoice(saved.mask_mode, saved.mask_token_id, "the resumed checkpoint's")
         target = self.targets[0]
         # Only a table without a spare row needs the data scanned (one pass over input_ids).
         needs_scan = getattr(target.tokenizer, "mask_token_id", None) is None and (
             target.vocab_size <= len(target.tokenizer)
         )
         seen = tokens_seen(self.dataset.table, target.vocab_size) if needs_scan else None
+        if self.resume_path is not None:  # the drafter was trained with the checkpoint's
+            saved = read_drafter_config(self.resume_path)
+            kept = MaskChoice(saved.mask_mode, saved.mask_token_id, "the resumed checkpoint's")
+            # The run's data may have changed since (a restart with another --data-dir).
+            refuse_seen_mask(kept, seen, "resume_from", self.resume_path)
+            return kept
         if self.init_source is not None:  # the weights learned with their mask token
             choice = init_weights.mask_choice(self.init_source, seen)
         else:

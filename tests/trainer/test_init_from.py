@@ -15,6 +15,7 @@ import pytest
 from train_process import losses_by_step, run_train, status_lines, train_argv
 
 from dflash_train import protocol
+from dflash_train.model.drafter import read_drafter_config
 
 TARGET = "random:tiny"  # seeded: the same weights in every process
 
@@ -115,6 +116,20 @@ def test_a_resume_of_the_runs_own_checkpoint_wins_over_init_from(
     assert start["resumed_from"].endswith("b/step_0000002")
 
 
+def _data_holding(prepared: Path, token: int, out: Path) -> Path:
+    """A copy of the prepared data whose first sample holds `token` (absent before)."""
+    table = datasets.load_from_disk(str(prepared))
+    assert token not in {t for ids in table["input_ids"] for t in ids}
+
+    def with_token(row: dict, index: int) -> dict:
+        ids = row["input_ids"]
+        return {"input_ids": [*ids[:3], token, *ids[4:]]} if index == 0 else {}
+
+    table.map(with_token, with_indices=True).save_to_disk(str(out))
+    shutil.copy(prepared / "prepare.json", out / "prepare.json")
+    return out
+
+
 def test_weights_whose_mask_token_is_in_the_new_data_are_refused(
     tmp_path: Path, prepared_data_dir: Path, source: Path
 ) -> None:
@@ -122,19 +137,7 @@ def test_weights_whose_mask_token_is_in_the_new_data_are_refused(
     # row). New data holding that token would make the mask a real input: refused.
     export = source / "export"
     mask = json.loads((export / "config.json").read_text())["dflash_config"]["mask_token_id"]
-    table = datasets.load_from_disk(str(prepared_data_dir))
-    assert mask not in {t for ids in table["input_ids"] for t in ids}
-
-    def with_mask(row: dict, index: int) -> dict:
-        return (
-            {"input_ids": [*row["input_ids"][:3], mask, *row["input_ids"][4:]]}
-            if index == 0
-            else {}
-        )
-
-    data = tmp_path / "data"
-    table.map(with_mask, with_indices=True).save_to_disk(str(data))
-    shutil.copy(prepared_data_dir / "prepare.json", data / "prepare.json")
+    data = _data_holding(prepared_data_dir, mask, tmp_path / "data")
     run_dir = tmp_path / "run"
     done = run_train(_argv(data, run_dir, "--max-steps", "2", "--init-from", str(export)))
     assert done.returncode != 0
@@ -145,4 +148,30 @@ def test_weights_whose_mask_token_is_in_the_new_data_are_refused(
     ), done.stderr[-2000:]
     # The same data from scratch picks another mask token and trains.
     done = run_train(_argv(data, tmp_path / "fresh", "--max-steps", "1"))
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_resume_onto_data_holding_its_mask_token_is_refused(
+    tmp_path: Path, prepared_data_dir: Path
+) -> None:
+    # A restart that changed --data-dir: the checkpoint's drafter keeps its mask token, so
+    # data holding that token is refused as it is for --init-from, not trained on.
+    run_dir = tmp_path / "run"
+    extra = ("--max-steps", "2", "--save-every", "1", "--run-id", "resumed")
+    done = run_train(_argv(prepared_data_dir, run_dir, *extra))
+    assert done.returncode == 0, done.stderr[-3000:]
+    checkpoint = max((run_dir / "checkpoints" / "resumed").glob("step_*"))
+    mask = read_drafter_config(checkpoint).mask_token_id
+    assert isinstance(mask, int)
+    data = _data_holding(prepared_data_dir, mask, tmp_path / "data")
+    again = ("--max-steps", "4", "--run-id", "resumed", "--resume-from", "latest")
+    done = run_train(_argv(data, run_dir, *again))
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("dflash-train train: resume_from: ") and last.endswith(
+        f"drafts with mask token {mask}, which occurs in this run's training data; start "
+        "fresh, or train on data without it"
+    ), done.stderr[-2000:]
+    # The data it trained on resumes.
+    done = run_train(_argv(prepared_data_dir, run_dir, *again))
     assert done.returncode == 0, done.stderr[-3000:]
