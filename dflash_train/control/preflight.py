@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from dflash_train.config import ConfigError, ResolvedConfig, TrainConfig
 from dflash_train.config.cli_options import resolve_train_args
+from dflash_train.data.dir_specs import data_dir_specs, spec_parts
 from dflash_train.rundir import RunDir
 from dflash_train.targets.frozen_target import context_layer_count, target_layer_ids
 
@@ -225,9 +226,8 @@ def preflight_config(
         target_layer_ids(target.num_layers, context_layers)
     except ValueError as exc:
         raise PreflightError("bad_train_args", f"--target-layers: {exc}") from None
-    data_dirs = config.train.data_dir
-    for spec in (data_dirs,) if isinstance(data_dirs, str) else data_dirs:
-        check_data_dir(spec.rsplit("*", 1)[0] if spec.rsplit("*", 1)[-1].isdigit() else spec)
+    for spec in data_dir_specs(config.train.data_dir):
+        check_data_dir(spec_parts(spec)[0])
     if config.run.init_from and not config.run.resume_from:
         check_init_from(config)
     devices = [*(config.pipeline.target_gpus or ()), *(config.pipeline.drafter_gpus or ())]

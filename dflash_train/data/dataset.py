@@ -6,13 +6,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from dflash_train.data.dir_specs import data_dir_specs, spec_parts
 
 if TYPE_CHECKING:
     import datasets
@@ -178,10 +179,6 @@ def _one_line(exc: BaseException) -> str:
     return text[:300] or type(exc).__name__
 
 
-# `--data-dir DIR*K`: DIR's samples K times an epoch.
-_WEIGHT = re.compile(r"^(?P<dir>.+)\*(?P<k>\d+)$")
-
-
 def tokenizer_fingerprint(tokenizer: Any) -> dict[str, Any]:
     """What prepare.json records of the tokenizer that wrote the ids: two datasets with
     the same fingerprint can be trained on together."""
@@ -191,13 +188,10 @@ def tokenizer_fingerprint(tokenizer: Any) -> dict[str, Any]:
 
 
 def split_weight(spec: str) -> tuple[str, int]:
-    match = _WEIGHT.match(spec)
-    if match is None:
-        return spec, 1
-    weight = int(match["k"])
+    path, weight = spec_parts(spec)
     if weight < 1:
         raise DatasetError(f"data dir {spec}: *K needs K of at least 1")
-    return match["dir"], weight
+    return path, weight
 
 
 def load_data_dirs(specs: str | Sequence[str]) -> TokenDataset:
@@ -205,7 +199,7 @@ def load_data_dirs(specs: str | Sequence[str]) -> TokenDataset:
     taken K times, after one check that every dir's ids come from the same tokenizer."""
     import datasets
 
-    specs = (specs,) if isinstance(specs, str) else tuple(specs)
+    specs = data_dir_specs(specs)
     parts = [(load_dataset_dir(path), weight) for path, weight in map(split_weight, specs)]
     if len(parts) == 1 and parts[0][1] == 1:
         return parts[0][0]

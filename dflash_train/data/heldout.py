@@ -24,6 +24,7 @@ from dflash_train.data.conversations import (
     load_conversations,
     parse_record,
 )
+from dflash_train.data.dir_specs import data_dir_specs, spec_parts
 from dflash_train.data.prompts import BUILTIN, PromptError
 
 HELDOUT_FILE = "heldout.jsonl"
@@ -56,10 +57,8 @@ def default_heldout(data_dirs: str | Sequence[str]) -> str:
     """The held-out set of a run given no --eval-data: the heldout.jsonl of the first of its
     data dirs that has one (`DIR*K` names DIR), else where the first one's would be, so that
     the error saying it is missing names it."""
-    from dflash_train.data.dataset import split_weight
-
-    specs = (data_dirs,) if isinstance(data_dirs, str) else tuple(data_dirs)
-    paths = [Path(split_weight(spec)[0]).expanduser() / HELDOUT_FILE for spec in specs]
+    specs = data_dir_specs(data_dirs)
+    paths = [Path(spec_parts(spec)[0]).expanduser() / HELDOUT_FILE for spec in specs]
     return str(next((path for path in paths if path.is_file()), paths[0]))
 
 
