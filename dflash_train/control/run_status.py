@@ -17,6 +17,8 @@ from dflash_train.stream.reader import StreamFacts, find_lines
 
 DEFAULT_STALL_AFTER_S = 120.0
 LOG_TAIL_LINES = 30
+FATAL_PREFIX = "Fatal Python error: "
+MODULES_PREFIX = "Extension modules: "  # the last line of a faulthandler report
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES, *, since: int = 0) -> list[str]:
@@ -29,6 +31,19 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES, *, since: int = 0) -> list
     except FileNotFoundError:
         return []
     text = data.decode("utf-8", "replace").splitlines()
+    # A native crash's report (faulthandler: the training process installs it) lists the
+    # innermost frame first, below its "Fatal Python error" line: read from that line, not
+    # the end, which holds only the outermost frames and the extension modules. Only when
+    # the report ends the log: one followed by another process's lines is an older crash.
+    fatal = [i for i, line in enumerate(text) if line.startswith(FATAL_PREFIX)]
+    if fatal:
+        start = fatal[-1]
+        end = next(
+            (i for i in range(start, len(text)) if text[i].startswith(MODULES_PREFIX)),
+            len(text),
+        )
+        if not any(line.strip() for line in text[end + 1 :]):
+            return text[start : start + lines]
     return text[-lines:]
 
 

@@ -4,6 +4,7 @@ whatever happens (completed, signal, error)."""
 
 from __future__ import annotations
 
+import faulthandler
 import signal
 import subprocess
 import sys
@@ -42,6 +43,20 @@ def _install_signal_handlers(stop: StopFlag) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
+def _install_crash_reports() -> None:
+    """A native crash (a segfault or an abort inside a C extension) ends the process before
+    any run_end: faulthandler then writes the crashing thread's Python stack to stderr, which
+    is train.log under `launch`, and `status` shows it of the crashed run. SIGUSR1 writes
+    every thread's stack there and the run goes on (a stalled run's where, without stopping
+    it). A faulthandler already on (PYTHONFAULTHANDLER, pytest) keeps its own file."""
+    try:
+        if not faulthandler.is_enabled():
+            faulthandler.enable(file=sys.stderr, all_threads=False)
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    except (OSError, ValueError, AttributeError):
+        pass  # a stderr without a file descriptor: no report, the run itself is unchanged
+
+
 def _train_argv() -> list[str]:
     """This process's train arguments, to start the other ranks with the same ones."""
     argv = sys.argv[1:]
@@ -51,6 +66,7 @@ def _train_argv() -> list[str]:
 def train(config: TrainConfig) -> int:
     stop = StopFlag()
     _install_signal_handlers(stop)
+    _install_crash_reports()
     rank = rank_from_env()
     run_dir = RunDir.at(config.train.output_dir)
     lock = RunLock(run_dir.lock)
