@@ -46,6 +46,9 @@ REPLY_TOAST_S = 8.0
 ADVICE_TOAST_S = 120.0
 # How often a silent or crashed run is checked with `dflash-train status`.
 STATUS_EVERY_S = 30.0
+# A history whose last line is older than this when the console attaches is checked with
+# `status` at once: a live trainer writes more often (GPU readings every 5 s, warm-up beats).
+QUIET_AT_ATTACH_S = 15.0
 
 
 Startup = Callable[["DflashApp"], Awaitable[None]]
@@ -206,9 +209,13 @@ class DflashApp(App[None]):
                 last_time, last_arrival = state.last_time, state.last_arrival
                 self.gpu_source.date_back(lambda t: last_arrival - (last_time - t))
             # The marker dates the silence from the run's last line, not from the attach:
-            # a run quiet for over a minute before it is asked about now, not after
-            # another minute (a trainer that died before the attach reads as a crash).
-            if self.state.run_state == "stalled":
+            # a run quiet for longer than a live trainer ever is (it writes a line every
+            # few seconds: readings, warm-up beats) is asked about now, not once it reads
+            # stalled a minute later, so a trainer that died before the attach reads as a
+            # crash within seconds. A live one answers running and nothing changes.
+            age = self.state.last_line_age()
+            quiet = age is not None and age > QUIET_AT_ATTACH_S
+            if self.state.run_state == "stalled" or (self.state.end is None and quiet):
                 self._check_status_now(self.clock())  # does its trainer still live?
         elif line.kind == "event" and line["code"] == protocol.TRAINER_GONE:
             # The box saw the run lock free without a run_end: `status` has the log tail.

@@ -17,7 +17,6 @@ from dflash_train.stream.reader import StreamFacts, find_lines
 
 DEFAULT_STALL_AFTER_S = 120.0
 LOG_TAIL_LINES = 30
-FATAL_PREFIX = "Fatal Python error: "
 MODULES_PREFIX = "Extension modules: "  # the last line of a faulthandler report
 
 
@@ -35,7 +34,7 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES, *, since: int = 0) -> list
     # innermost frame first, below its "Fatal Python error" line: read from that line, not
     # the end, which holds only the outermost frames and the extension modules. Only when
     # the report ends the log: one followed by another process's lines is an older crash.
-    fatal = [i for i, line in enumerate(text) if line.startswith(FATAL_PREFIX)]
+    fatal = [i for i, line in enumerate(text) if line.startswith(protocol.FATAL_PREFIX)]
     if fatal:
         start = fatal[-1]
         end = next(

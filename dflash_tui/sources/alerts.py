@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from dflash_train.protocol import TRAINER_GONE, Reply, StatusLine
+from dflash_train.protocol import TRAINER_GONE, Reply, StatusLine, is_crash_report
 
 CHANNELS = ("bell", "toast", "osc")
 DEFAULT_CHANNELS: tuple[str, ...] = ("bell", "toast")
@@ -111,7 +111,10 @@ class AlertTracker:
         if isinstance(run, str) and run != self.run_id:
             self._new_run(run)
         tail = data.get("log_tail") or []
-        last = next((str(t) for t in reversed(tail) if str(t).strip()), "") if tail else ""
+        if is_crash_report(tail):
+            last = str(tail[0])  # "Fatal Python error: Segmentation fault": the cause
+        else:
+            last = next((str(t) for t in reversed(tail) if str(t).strip()), "") if tail else ""
         text = f"the trainer of run {run} is gone without ending its stream"
         return self._raise("crash", text + (f"; train.log: {last}" if last else ""))
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.widgets import Static
 
+from dflash_train.protocol import is_crash_report
+
 
 @dataclass(frozen=True)
 class EventEntry:
@@ -48,9 +50,15 @@ def render_events(
         # The tail takes the pane's lower part under its label, and leaves the upper rows
         # to the newest events, the alert among them.
         keep = min(len(log_tail), max(1, rows - 3))
-        label = f"── train.log (last {keep} lines; L shows it all) ──"
+        if is_crash_report(log_tail):
+            # Its head says what killed the trainer, and where: innermost frame first.
+            label = f"── train.log: crash report (first {keep} lines; L shows it all) ──"
+            shown = log_tail[:keep]
+        else:
+            label = f"── train.log (last {keep} lines; L shows it all) ──"
+            shown = log_tail[-keep:]
         tail = [Text(label, style=f"bold {colours['error']}")]
-        tail += [Text(row, no_wrap=True, overflow="ellipsis") for row in log_tail[-keep:]]
+        tail += [Text(row, no_wrap=True, overflow="ellipsis") for row in shown]
         room = max(0, rows - len(tail))
         top = lines[-room:] if room else []
         if alert is not None and room and alert not in top:
