@@ -317,6 +317,8 @@ def decode_line(raw: str | bytes) -> StatusLine | Rejected:
 # the summary of the past; `trainer_gone` says the run lock's holder died without run_end.
 HISTORY_END = "history_end"
 TRAINER_GONE = "trainer_gone"
+MARKER_CODES = frozenset({HISTORY_END, TRAINER_GONE})
+
 # A native crash's report in train.log (faulthandler, which the trainer installs) begins with
 # this line and lists the innermost frame first: `status` sends such a tail from this line,
 # and the console shows its head, not its end (the outermost frames).
@@ -325,9 +327,6 @@ FATAL_PREFIX = "Fatal Python error: "
 
 def is_crash_report(log_tail: Sequence[str]) -> bool:
     return bool(log_tail) and str(log_tail[0]).startswith(FATAL_PREFIX)
-
-
-MARKER_CODES = frozenset({HISTORY_END, TRAINER_GONE})
 
 
 # A restart between its two trainers: the old trainer's run_end carries `restarting: true`
