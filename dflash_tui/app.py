@@ -213,9 +213,10 @@ class DflashApp(App[None]):
             # few seconds: readings, warm-up beats) is asked about now, not once it reads
             # stalled a minute later, so a trainer that died before the attach reads as a
             # crash within seconds. A live one answers running and nothing changes.
+            # (A run that reads stalled is quieter still, whatever its stall threshold.)
             age = self.state.last_line_age()
-            quiet = age is not None and age > QUIET_AT_ATTACH_S
-            if self.state.run_state == "stalled" or (self.state.end is None and quiet):
+            limit = min(QUIET_AT_ATTACH_S, self.state.stall_after)
+            if self.state.end is None and age is not None and age > limit:
                 self._check_status_now(self.clock())  # does its trainer still live?
         elif line.kind == "event" and line["code"] == protocol.TRAINER_GONE:
             # The box saw the run lock free without a run_end: `status` has the log tail.

@@ -114,7 +114,7 @@ class AlertTracker:
         if is_crash_report(tail):
             last = str(tail[0])  # "Fatal Python error: Segmentation fault": the cause
         else:
-            last = next((str(t) for t in reversed(tail) if str(t).strip()), "") if tail else ""
+            last = next((str(t) for t in reversed(tail) if str(t).strip()), "")
         text = f"the trainer of run {run} is gone without ending its stream"
         return self._raise("crash", text + (f"; train.log: {last}" if last else ""))
 

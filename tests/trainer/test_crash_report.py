@@ -6,7 +6,6 @@ and SIGUSR1 writes every thread's stack while the run goes on."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from train_process import (
 )
 
 from dflash_train.control.run_status import log_tail
+from tests.control.control_harness import cli
 
 # A native crash mid-run: a read of address 0 from the compile warm-up, after run_start.
 SEGFAULT_IN_WARM_UP = trainer_with_warm_up("""
@@ -32,14 +32,6 @@ def compile(**kwargs):
     time.sleep(0.5)  # the warm-up's beat has run: the run has started
     ctypes.string_at(0)
 """)
-
-
-def _status(run_dir: Path) -> dict[str, object]:
-    reply = subprocess.run(
-        [sys.executable, "-m", "dflash_train", "status", str(run_dir)],
-        env=train_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    return json.loads(reply.stdout)
 
 
 def _wait_for_text(log: Path, text: str, proc: subprocess.Popen[bytes]) -> None:
@@ -66,7 +58,8 @@ def test_a_native_crash_leaves_its_stack_in_train_log_and_status_shows_it(
     assert not [line for line in status_lines(run_dir) if line.kind == "run_end"]
     text = log.read_text(errors="replace")
     assert "Fatal Python error: Segmentation fault" in text, text[-3000:]
-    status = _status(run_dir)
+    _, reply = cli("status", str(run_dir))
+    status = reply.data
     assert status["state"] == "crashed", status
     tail = status["log_tail"]
     assert isinstance(tail, list)
