@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -123,19 +124,20 @@ def test_a_study_dir_names_its_variants_by_folder_base_first(
 def test_a_variant_started_again_with_another_budget_shows_the_newest(
     study_dir: Path, tmp_path: Path, prepared_data_dir: Path
 ) -> None:
-    # A variant that stopped (here: completed 2 steps) and was started again with a larger
-    # --max-steps, resuming its checkpoint, as a session's call for it alone once did: the
-    # table's budget and what differs are the newest start's, not the first's.
+    # A variant that stopped (here: `base`, completed at 4 steps) and was started again with
+    # a larger --max-steps, resuming its checkpoint, as a session's call for it alone once
+    # did: the table's budget and what differs are the newest start's, not the first's. A
+    # copy of the study's run, so the module's other tests see `base` as it was.
     run = tmp_path / "again"
-    for budget in (2, 6):
-        argv = [
-            sys.executable, "-m", "dflash_train", "train", "--target-model", "smollm2",
-            "--data-dir", str(prepared_data_dir), "--output-dir", str(run), "--run-id", "again",
-            *CPU_TINY.argv(), "--pipeline", "sync", "--max-steps", str(budget),
-            "--resume-from", "latest", *EVAL,
-        ]  # fmt: skip
-        done = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
+    shutil.copytree(study_dir / "base", run)
+    argv = [
+        sys.executable, "-m", "dflash_train", "train", "--target-model", "smollm2",
+        "--data-dir", str(prepared_data_dir), "--output-dir", str(run), "--run-id", "base",
+        *CPU_TINY.argv(), "--pipeline", "sync", "--max-steps", "6",
+        "--resume-from", "latest", *EVAL,
+    ]  # fmt: skip
+    done = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
     study = _study(tmp_path / "out", f"base={study_dir / 'base'}", f"again={run}")
     again = study["variants"][1]
     assert (again["steps_done"], again["max_steps"], again["state"]) == (6, 6, "completed")

@@ -152,19 +152,18 @@ def test_weights_whose_mask_token_is_in_the_new_data_are_refused(
 
 
 def test_a_resume_onto_data_holding_its_mask_token_is_refused(
-    tmp_path: Path, prepared_data_dir: Path
+    tmp_path: Path, prepared_data_dir: Path, source: Path
 ) -> None:
     # A restart that changed --data-dir: the checkpoint's drafter keeps its mask token, so
-    # data holding that token is refused as it is for --init-from, not trained on.
+    # data holding that token is refused as it is for --init-from, not trained on. A copy of
+    # the source run, so the module's other tests see it as it was.
     run_dir = tmp_path / "run"
-    extra = ("--max-steps", "2", "--save-every", "1", "--run-id", "resumed")
-    done = run_train(_argv(prepared_data_dir, run_dir, *extra))
-    assert done.returncode == 0, done.stderr[-3000:]
-    checkpoint = max((run_dir / "checkpoints" / "resumed").glob("step_*"))
+    shutil.copytree(source, run_dir)
+    checkpoint = max((run_dir / "checkpoints" / "source").glob("step_*"))
     mask = read_drafter_config(checkpoint).mask_token_id
     assert isinstance(mask, int)
     data = _data_holding(prepared_data_dir, mask, tmp_path / "data")
-    again = ("--max-steps", "4", "--run-id", "resumed", "--resume-from", "latest")
+    again = ("--max-steps", "12", "--run-id", "source", "--resume-from", "latest")
     done = run_train(_argv(data, run_dir, *again))
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
@@ -175,3 +174,4 @@ def test_a_resume_onto_data_holding_its_mask_token_is_refused(
     # The data it trained on resumes.
     done = run_train(_argv(prepared_data_dir, run_dir, *again))
     assert done.returncode == 0, done.stderr[-3000:]
+    assert _first(status_lines(run_dir)[::-1], "run_start")["start_step"] == 10
