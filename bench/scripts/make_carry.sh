@@ -24,6 +24,13 @@
 #   data27   .data27 and .data27s1..s3: git-ignores them and prints the calls that carry their
 #            parts, which a device call made (quality_session.sh [PACK=data27s1] pack send:
 #            copy what came back into .data27/ or .data27s1/); `check` sizes those calls too
+#   slim     leaves the committed export (38.7 of the tree's ~47 MB) out of every call: out of
+#            git's index and in .git/info/exclude (a call sends tracked and untracked-not-
+#            ignored files), so three GGUF parts travel in one call, the six in two; a call
+#            that needs the export (`train --init-from`) names it in `carry`. A pre-commit
+#            hook refuses every commit until `full` puts it back (CI needs it: the quality
+#            export test opens it). `check` sizes the `slim` calls as they would be.
+#   full     the export tracked again, the exclude line and the hook gone
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 PY=.venv/bin/python
@@ -119,7 +126,12 @@ CALLS=(
   "quality carry: .weights15/p3/part-ad"
   "quality carry: .weights15/p3/part-ae"
   "quality carry train|study|eval: .weights15/p3/part-af .weights15/gguf.sha256"
+  "slim quality carry: .whl15 .weights15/p3/part-aa .weights15/p3/part-ab .weights15/p3/part-ac"
+  "slim quality data pack send: .weights15/p3/part-ad .weights15/p3/part-ae .weights15/p3/part-af .weights15/gguf.sha256"
+  "slim quality unpack train: bench/results/quality_smollm2/export/model.safetensors .data27"
 )
+EXPORT=bench/results/quality_smollm2/export/model.safetensors
+HOOK=$(git rev-parse --git-path hooks)/pre-commit
 tree_bytes() {
   local tree
   tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1 | cut -f1)
@@ -163,6 +175,10 @@ make_check() {
     # a folder not made here (this script's other parts make it) is said, not fatal
     if [ -n "$missing" ]; then printf '%-30s not made here: %s\n' "${call%%: *}" "$missing"; continue; fi
     bytes=$((tree + $(du -cb "${paths[@]}" | tail -1 | cut -f1)))
+    # a `slim` call's tree has no export in it, whichever way this checkout is now
+    if [[ $call == slim* ]] && git ls-files --error-unmatch "$EXPORT" >/dev/null 2>&1; then
+      bytes=$((bytes - $(stat -c %s "$EXPORT")))
+    fi
     printf '%-30s %6.1f MiB  %s\n' "${call%%: *}" "$(echo "$bytes / 1048576" | bc -l)" \
       "$([ $bytes -le $limit ] && echo "ok, $(((limit - bytes) >> 10)) KiB to spare" || echo OVER)"
     [ $bytes -le $limit ] || worst=1
@@ -170,11 +186,37 @@ make_check() {
   return $worst
 }
 
+make_slim() {
+  if [ -e "$HOOK" ] && ! grep -q "make_carry slim" "$HOOK"; then
+    echo "make_carry: $HOOK is someone else's; not slimming" >&2
+    return 1
+  fi
+  mkdir -p "$(dirname "$HOOK")"
+  if git ls-files --error-unmatch "$EXPORT" >/dev/null 2>&1; then git rm -q --cached "$EXPORT"; fi
+  grep -qxF "/$EXPORT" .git/info/exclude || echo "/$EXPORT" >>.git/info/exclude
+  printf '%s\n' '#!/bin/sh' \
+    'echo "make_carry slim: the committed export is out of the index; run bash bench/scripts/make_carry.sh full, then commit" >&2' \
+    'exit 1' >"$HOOK"
+  chmod +x "$HOOK"
+  echo "slim: the tree is $(($(tree_bytes) >> 10)) KiB; a call that needs the export carries $EXPORT; undo: make_carry.sh full"
+}
+make_full() {
+  git cat-file -e "HEAD:$EXPORT" 2>/dev/null || {
+    echo "make_carry: HEAD has no $EXPORT: a commit while slim removed it; restore it before anything else" >&2
+    return 1
+  }
+  git reset -q -- "$EXPORT"
+  sed -i "\|^/$EXPORT\$|d" .git/info/exclude
+  if grep -q "make_carry slim" "$HOOK" 2>/dev/null; then rm -f "$HOOK"; fi
+  git ls-files --error-unmatch "$EXPORT" >/dev/null && git diff --quiet -- "$EXPORT" &&
+    echo "full: the export is tracked again and unchanged"
+}
+
 stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(decode prep tok tui stage quality check)
 for s in "${stages[@]}"; do
   case $s in
-    decode | prep | tok | tui | stage | quality | data27 | check) "make_$s" ;;
-    *) echo "make_carry: no part '$s' (decode prep tok tui stage quality data27 check)" >&2; exit 2 ;;
+    decode | prep | tok | tui | stage | quality | data27 | check | slim | full) "make_$s" ;;
+    *) echo "make_carry: no part '$s' (decode prep tok tui stage quality data27 check slim full)" >&2; exit 2 ;;
   esac
 done
