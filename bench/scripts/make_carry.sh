@@ -132,6 +132,7 @@ CALLS=(
 )
 EXPORT=bench/results/quality_smollm2/export/model.safetensors
 HOOK=$(git rev-parse --git-path hooks)/pre-commit
+HOOK_MARK="make_carry slim"  # how slim knows its own hook from anyone else's
 tree_bytes() {
   local tree
   tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1 | cut -f1)
@@ -187,7 +188,7 @@ make_check() {
 }
 
 make_slim() {
-  if [ -e "$HOOK" ] && ! grep -q "make_carry slim" "$HOOK"; then
+  if [ -e "$HOOK" ] && ! grep -qF "$HOOK_MARK" "$HOOK"; then
     echo "make_carry: $HOOK is someone else's; not slimming" >&2
     return 1
   fi
@@ -195,7 +196,7 @@ make_slim() {
   if git ls-files --error-unmatch "$EXPORT" >/dev/null 2>&1; then git rm -q --cached "$EXPORT"; fi
   grep -qxF "/$EXPORT" .git/info/exclude || echo "/$EXPORT" >>.git/info/exclude
   printf '%s\n' '#!/bin/sh' \
-    'echo "make_carry slim: the committed export is out of the index; run bash bench/scripts/make_carry.sh full, then commit" >&2' \
+    "echo \"$HOOK_MARK: the committed export is out of the index; run bash bench/scripts/make_carry.sh full, then commit\" >&2" \
     'exit 1' >"$HOOK"
   chmod +x "$HOOK"
   echo "slim: the tree is $(($(tree_bytes) >> 10)) KiB; a call that needs the export carries $EXPORT; undo: make_carry.sh full"
@@ -207,7 +208,7 @@ make_full() {
   }
   git reset -q -- "$EXPORT"
   sed -i "\|^/$EXPORT\$|d" .git/info/exclude
-  if grep -q "make_carry slim" "$HOOK" 2>/dev/null; then rm -f "$HOOK"; fi
+  if grep -qF "$HOOK_MARK" "$HOOK" 2>/dev/null; then rm -f "$HOOK"; fi
   git ls-files --error-unmatch "$EXPORT" >/dev/null && git diff --quiet -- "$EXPORT" &&
     echo "full: the export is tracked again and unchanged"
 }
