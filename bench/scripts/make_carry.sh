@@ -40,10 +40,12 @@ GGUF_PART=17000000  # bytes: one part and the tree fit a call's 64 MiB (see abov
 TAGS=(--only-binary=:all: --python-version 3.12 --implementation cp
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 
-ignore() {  # ignore DIR: keep it out of git (and so out of nothing: carry names it)
-  mkdir -p .git/info
-  grep -qxF "/$1/" .git/info/exclude 2>/dev/null || echo "/$1/" >>.git/info/exclude
+EXCLUDE=$(git rev-parse --git-path info/exclude)
+exclude() {  # exclude PATTERN: one line of EXCLUDE, added once
+  mkdir -p "$(dirname "$EXCLUDE")"
+  grep -qxF "$1" "$EXCLUDE" 2>/dev/null || echo "$1" >>"$EXCLUDE"
 }
+ignore() { exclude "/$1/"; }  # ignore DIR: keep it out of git (and so out of nothing: carry names it)
 version() { { $PY -m pip show "$1" 2>/dev/null || true; } | awk '/^Version:/ {print $2}'; }
 wheels() {  # wheels DIR NAME...: NAME==V as pinned, else the venv's version, else the newest
   local dir=$1 spec name v
@@ -133,6 +135,7 @@ CALLS=(
 EXPORT=bench/results/quality_smollm2/export/model.safetensors
 HOOK=$(git rev-parse --git-path hooks)/pre-commit
 HOOK_MARK="make_carry slim"  # how slim knows its own hook from anyone else's
+export_tracked() { git ls-files --error-unmatch "$EXPORT" >/dev/null 2>&1; }
 tree_bytes() {
   local tree
   tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1 | cut -f1)
@@ -177,7 +180,7 @@ make_check() {
     if [ -n "$missing" ]; then printf '%-30s not made here: %s\n' "${call%%: *}" "$missing"; continue; fi
     bytes=$((tree + $(du -cb "${paths[@]}" | tail -1 | cut -f1)))
     # a `slim` call's tree has no export in it, whichever way this checkout is now
-    if [[ $call == slim* ]] && git ls-files --error-unmatch "$EXPORT" >/dev/null 2>&1; then
+    if [[ $call == slim* ]] && export_tracked; then
       bytes=$((bytes - $(stat -c %s "$EXPORT")))
     fi
     printf '%-30s %6.1f MiB  %s\n' "${call%%: *}" "$(echo "$bytes / 1048576" | bc -l)" \
@@ -193,8 +196,8 @@ make_slim() {
     return 1
   fi
   mkdir -p "$(dirname "$HOOK")"
-  if git ls-files --error-unmatch "$EXPORT" >/dev/null 2>&1; then git rm -q --cached "$EXPORT"; fi
-  grep -qxF "/$EXPORT" .git/info/exclude || echo "/$EXPORT" >>.git/info/exclude
+  if export_tracked; then git rm -q --cached "$EXPORT"; fi
+  exclude "/$EXPORT"
   printf '%s\n' '#!/bin/sh' \
     "echo \"$HOOK_MARK: the committed export is out of the index; run bash bench/scripts/make_carry.sh full, then commit\" >&2" \
     'exit 1' >"$HOOK"
@@ -207,9 +210,9 @@ make_full() {
     return 1
   }
   git reset -q -- "$EXPORT"
-  sed -i "\|^/$EXPORT\$|d" .git/info/exclude
+  sed -i "\|^/$EXPORT\$|d" "$EXCLUDE"
   if grep -qF "$HOOK_MARK" "$HOOK" 2>/dev/null; then rm -f "$HOOK"; fi
-  git ls-files --error-unmatch "$EXPORT" >/dev/null && git diff --quiet -- "$EXPORT" &&
+  export_tracked && git diff --quiet -- "$EXPORT" &&
     echo "full: the export is tracked again and unchanged"
 }
 
