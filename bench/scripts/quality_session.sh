@@ -17,7 +17,7 @@
 #          result.json and the curve
 #   train  (run 3) config c trains TRAIN_S seconds on the `data` stage's data (resuming the
 #          newest checkpoint of an earlier `train` call, if any), then export, eval of the 40
-#          held-out prompts x 256 (blocks 16 and 8; EVAL_DTYPE, float32 by default),
+#          held-out prompts x 256 (blocks 16 and 8, or EVAL_BLOCKS; EVAL_DTYPE, float32 by default),
 #          result.json (EVAL_BF16=1: the export again in bfloat16 at block 16, within
 #          EVAL_END_S + 90 s, for speedup_bf16), and held-out tau of the checkpoints in the
 #          time left (NO_CURVE=1: none; with --eval-every in TRAIN_FLAGS the run's own
@@ -611,9 +611,13 @@ export_and_measure() {
   rm -rf "$OUT/export"
   cmd $DT export "$run" --out "$OUT/export" >"$W/export.json" 2>>"$OUT/log.txt"
   cut -c1-400 "$W/export.json" >>"$OUT/log.txt"
+  # EVAL_BLOCKS="16": block 16 alone (issue 27's figure), ~55 s less on an H100 where a
+  # short call cannot spare block 8's decode
+  local b blocks=()
+  for b in ${EVAL_BLOCKS:-16 8}; do blocks+=(--block-size "$b"); done
   cmd timeout -k 5 $((eval_end - SECONDS > 60 ? eval_end - SECONDS : 60)) \
     $DT eval --target-model smollm2 --drafter "$OUT/export" --prompts builtin "${EVAL_ARGS[@]}" \
-    --device "$DEV" --block-size 16 --block-size 8 --dtype "${EVAL_DTYPE:-float32}" \
+    --device "$DEV" "${blocks[@]}" --dtype "${EVAL_DTYPE:-float32}" \
     >"$W/eval.json" 2>>"$OUT/log.txt"
   cut -c1-800 "$W/eval.json" >>"$OUT/log.txt"
   # EVAL_BF16=1: the same export in bf16 too (block 16, ~65 s on an H100), so one export

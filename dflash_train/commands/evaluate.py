@@ -202,6 +202,7 @@ def _evaluate(
             baseline_generated_tokens=first.baseline_generated_tokens,
             lossless=all(s.lossless for s in summaries),
             prompts=first.prompts,
+            max_new_tokens=args.max_new_tokens,
             greedy_seconds=round(first.baseline_seconds, 2),
             device=str(device),
             dtype=str(dtype).removeprefix("torch."),

@@ -154,7 +154,8 @@ def test_cli_eval_reports_one_json_line(smollm2: Target, tmp_path: Path) -> None
     assert progress[0] == "eval greedy: 1/1  prompts decoded  ETA —", proc.stderr
     assert progress[1].startswith("eval block ") and " 1/1  prompts, tau so far " in progress[1]
     assert reply.data["lossless"] is True and reply.data["dtype"] == "float32"
-    assert reply.data["prompts"] == 1 and reply.data["blocks"] >= 1
+    assert reply.data["prompts"] == 1 and reply.data["max_new_tokens"] == 6
+    assert reply.data["blocks"] >= 1
     assert sum(reply.data["round_lengths"]) == reply.data["blocks"]
     assert reply.data["tau"] >= 1.0 and reply.data["tokens_per_target_forward"] > 0
 
