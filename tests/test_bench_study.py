@@ -156,6 +156,7 @@ def test_write_result_takes_the_runs_own_evaluations_and_the_exports_size(
     work = tmp_path / "work"
     work.mkdir()
     reply = {"command": "eval", "ok": True, "tau": 2.0, "speedup": 1.25, "dtype": "bfloat16"}
+    reply["max_new_tokens"] = 32  # the decode length is the eval's, not a fixed 256
     (work / "eval.json").write_text(json.dumps(reply) + "\n")
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(bytes(range(256)) * 40)
@@ -172,7 +173,7 @@ def test_write_result_takes_the_runs_own_evaluations_and_the_exports_size(
     assert [(p["step"], p["tau"]) for p in result["heldout_tau_curve"]] == in_run == [
         (2, in_run[0][1]), (4, in_run[1][1])
     ]  # fmt: skip
-    assert result["export_bytes"] == 10_240
+    assert result["export_bytes"] == 10_240 and result["max_new_tokens"] == 32
     assert result["export_sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
     assert result["speedup_bf16"] == 1.25 and "speedup_fp32" not in result
     assert result["steps"] == STEPS
