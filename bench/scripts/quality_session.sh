@@ -17,11 +17,11 @@
 #          result.json and the curve
 #   train  (run 3) config c trains TRAIN_S seconds on the `data` stage's data (resuming the
 #          newest checkpoint of an earlier `train` call, if any), then export, eval of the 40
-#          held-out prompts x 256 (blocks 16 and 8, or EVAL_BLOCKS; EVAL_DTYPE, float32 by default),
-#          result.json (EVAL_BF16=1: the export again in bfloat16 at block 16, within
-#          EVAL_END_S + 90 s, for speedup_bf16), and held-out tau of the checkpoints in the
-#          time left (NO_CURVE=1: none; with --eval-every in TRAIN_FLAGS the run's own
-#          evaluations are the curve);
+#          held-out prompts x 256 (blocks 16 and 8, or those EVAL_BLOCKS names; EVAL_DTYPE,
+#          float32 by default), result.json (EVAL_BF16=1: the export again in bfloat16 at
+#          block 16, within EVAL_END_S + 90 s, for speedup_bf16), and held-out tau of the
+#          checkpoints in the time left (NO_CURVE=1: none; with --eval-every in TRAIN_FLAGS
+#          the run's own evaluations are the curve);
 #          the export comes back as export.tar.part-*, the other files in bundle.tar.gz
 #   measure  the committed export (bench/results/quality_smollm2/export) decoded by `dflash-train
 #          eval` on the 40 held-out prompts x 256, block 16, in each of MEASURE_DTYPES
