@@ -162,8 +162,7 @@ def main() -> int:
         "tau_block8": by_size.get(8, {}).get("tau"),
         "lossless": evaluation.get("lossless"),
         "prompts": evaluation.get("prompts"),
-        # an eval reply before 2026-12-07 did not say; the quality runs all decoded 256
-        "max_new_tokens": evaluation.get("max_new_tokens", 256),
+        "max_new_tokens": evaluation.get("max_new_tokens"),
         "tokens_per_target_forward": evaluation.get("tokens_per_target_forward"),
         "tokens_per_target_forward_block8": by_size.get(8, {}).get("tokens_per_target_forward"),
         "speedup": evaluation.get("speedup"),

@@ -45,7 +45,8 @@ exclude() {  # exclude PATTERN: one line of EXCLUDE, added once
   mkdir -p "$(dirname "$EXCLUDE")"
   grep -qxF "$1" "$EXCLUDE" 2>/dev/null || echo "$1" >>"$EXCLUDE"
 }
-ignore() { exclude "/$1/"; }  # ignore DIR: keep it out of git (and so out of nothing: carry names it)
+# ignore DIR: keep it out of git (and so out of nothing: carry names it)
+ignore() { exclude "/$1/"; }
 version() { { $PY -m pip show "$1" 2>/dev/null || true; } | awk '/^Version:/ {print $2}'; }
 wheels() {  # wheels DIR NAME...: NAME==V as pinned, else the venv's version, else the newest
   local dir=$1 spec name v
