@@ -21,7 +21,7 @@
 # The GGUF's parts are 17 MB: since 2026-12-06 the tree holds a 38.7 MB export and is ~46 MB,
 # so a call has ~21 MB to carry beside it (the 40 MB parts of before no longer fit), and 17
 # leaves a few MB for the tree to grow. A data set's part (15.5 MB) travels in a call of its own.
-#   data27   .data27 and .data27s1..s3: git-ignores them and prints the calls that carry their
+#   data27   .data27 and .data27s1..s4: git-ignores them and prints the calls that carry their
 #            parts, which a device call made (quality_session.sh [PACK=data27s1] pack send:
 #            copy what came back into .data27/ or .data27s1/); `check` sizes those calls too
 #   slim     leaves the committed export (38.7 of the tree's ~47 MB) out of every call: out of
@@ -145,7 +145,7 @@ tree_bytes() {
 # A data set's parts in as few calls as fit beside the tree (the sums with the first), one
 # line a call as CALLS has them: `quality_session.sh unpack` on each (PACK=NAME for a set
 # other than data27), with the study or train stage after the last.
-PACKS=(data27 data27s1 data27s2 data27s3)  # data27sK: the K+1th distinct set (PREP_SEED=K ... data pack send)
+PACKS=(data27 data27s1 data27s2 data27s3 data27s4)  # data27sK: the K+1th distinct set (PREP_SEED=K ... data pack send)
 data_calls() {  # data_calls NAME
   local pack=$1 tree limit=$((64 << 20)) part size used=0 call="" n=1
   tree=$(tree_bytes)
