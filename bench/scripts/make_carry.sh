@@ -145,7 +145,8 @@ tree_bytes() {
 # A data set's parts in as few calls as fit beside the tree (the sums with the first), one
 # line a call as CALLS has them: `quality_session.sh unpack` on each (PACK=NAME for a set
 # other than data27), with the study or train stage after the last.
-PACKS=(data27 data27s1 data27s2 data27s3 data27s4)  # data27sK: the K+1th distinct set (PREP_SEED=K ... data pack send)
+# data27sK: the K+1th distinct set (PREP_SEED=K PACK=data27sK ... data pack send)
+PACKS=(data27 data27s1 data27s2 data27s3 data27s4)
 data_calls() {  # data_calls NAME
   local pack=$1 tree limit=$((64 << 20)) part size used=0 call="" n=1
   tree=$(tree_bytes)
