@@ -21,9 +21,10 @@
 # The GGUF's parts are 17 MB: since 2026-12-06 the tree holds a 38.7 MB export and is ~46 MB,
 # so a call has ~21 MB to carry beside it (the 40 MB parts of before no longer fit), and 17
 # leaves a few MB for the tree to grow. A data set's part (15.5 MB) travels in a call of its own.
-#   data27   .data27 and .data27s1..s4: git-ignores them and prints the calls that carry their
-#            parts, which a device call made (quality_session.sh [PACK=data27s1] pack send:
-#            copy what came back into .data27/ or .data27s1/); `check` sizes those calls too
+#   data27   .data27 and every .data27sK: git-ignores them and prints the calls that carry
+#            their parts, which a device call made (quality_session.sh [PACK=data27s1] pack
+#            send: copy what came back into .data27/ or a new .data27s1/); `check` sizes
+#            those calls too
 #   slim     leaves the committed export (38.7 of the tree's ~47 MB) out of every call: out of
 #            git's index and in .git/info/exclude (a call sends tracked and untracked-not-
 #            ignored files), so three GGUF parts travel in one call, the six in two; a call
@@ -145,8 +146,13 @@ tree_bytes() {
 # A data set's parts in as few calls as fit beside the tree (the sums with the first), one
 # line a call as CALLS has them: `quality_session.sh unpack` on each (PACK=NAME for a set
 # other than data27), with the study or train stage after the last.
-# data27sK: the K+1th distinct set (PREP_SEED=K PACK=data27sK ... data pack send)
-PACKS=(data27 data27s1 data27s2 data27s3 data27s4)
+# The packed sets here: data27, and data27sK for the K+1th distinct set (PREP_SEED=K
+# PACK=data27sK ... data pack send), read from the folders so a new seed needs no edit.
+packs() {
+  local d
+  for d in .data27/ .data27s*/; do [ -d "$d" ] && d=${d%/} && echo "${d#.}"; done
+  return 0
+}
 data_calls() {  # data_calls NAME
   local pack=$1 tree limit=$((64 << 20)) part size used=0 call="" n=1
   tree=$(tree_bytes)
@@ -163,18 +169,16 @@ data_calls() {  # data_calls NAME
   done
   echo "quality unpack $pack $n: $call"
 }
-make_data27() {
+make_data27() {  # every .data27* folder ignored, .data27 made (mkdir .data27sK for a new set)
   local pack
-  for pack in "${PACKS[@]}"; do
-    ignore ".$pack"
-    mkdir -p ".$pack"
-    data_calls "$pack"
-  done
+  exclude "/.data27*/"
+  mkdir -p .data27
+  for pack in $(packs); do data_calls "$pack"; done
 }
 make_check() {
   local tree call paths bytes missing p limit=$((64 << 20)) worst=0 extra=()
   tree=$(tree_bytes)
-  mapfile -t extra < <(for p in "${PACKS[@]}"; do data_calls "$p"; done)
+  mapfile -t extra < <(for p in $(packs); do data_calls "$p"; done)
   for call in "${CALLS[@]}" "${extra[@]}"; do
     read -r -a paths <<<"${call#*: }"
     missing=$(for p in "${paths[@]}"; do [ -e "$p" ] || echo "$p"; done | xargs)
