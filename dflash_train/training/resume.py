@@ -59,6 +59,7 @@ def planned_steps(
     epochs: int,
     world_size: int,
     start: checkpoints.TrainState | None = None,
+    limit: int | None = None,
 ) -> int:
     """The step the run ends at: each step takes one batch per drafter rank (every rank the
     same count, shard_positions). Batch counts differ a little between epochs (buckets are
@@ -66,15 +67,29 @@ def planned_steps(
     untrained batches take at this run's rank count, which can differ from the count that
     saved it (a restart with another targets:drafters split): counting the whole run at the
     new count instead would end a run that gained ranks before its data was trained on, and
-    run one that lost ranks past its learning-rate schedule's end."""
+    run one that lost ranks past its learning-rate schedule's end.
+
+    `limit` (--max-steps) caps the count, and the epochs past it are never planned: a run
+    told `--epochs 1000 --max-steps 1700` would otherwise cut a thousand epochs' batches
+    before its first step (20 ms each for 76,560 samples, and minutes for a small
+    tokens-per-batch)."""
+
+    def steps_of(positions: Sequence[int]) -> int:
+        return len(shard_positions(positions, 0, world_size))
+
     if start is None:
-        return sum(len(shard_positions(range(len(plan(e))), 0, world_size)) for e in range(epochs))
-    if start.epoch >= epochs:
-        return start.step
-    done = set(start.consumed)
-    left = [p for p in range(len(plan(start.epoch))) if p not in done]
-    later = planned_steps(lambda e: plan(start.epoch + 1 + e), epochs - start.epoch - 1, world_size)
-    return start.step + len(shard_positions(left, 0, world_size)) + later
+        total, first = 0, 0
+    elif start.epoch >= epochs:
+        return start.step if limit is None else min(start.step, limit)
+    else:
+        done = set(start.consumed)
+        total = start.step + steps_of([p for p in range(len(plan(start.epoch))) if p not in done])
+        first = start.epoch + 1
+    for epoch in range(first, epochs):
+        if limit is not None and total >= limit:
+            break
+        total += steps_of(range(len(plan(epoch))))
+    return total if limit is None else min(total, limit)
 
 
 def resume(run: TrainingRun, path: Path) -> None:

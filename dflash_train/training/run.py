@@ -205,10 +205,12 @@ class TrainingRun:
         print(self.batch_stats.describe(), file=sys.stderr)
         start = checkpoints.read_state(self.resume_path) if self.resume_path else None
         self.total_steps = resume.planned_steps(
-            self.plan, config.optimiser.epochs, self.rank.world_size, start
+            self.plan,
+            config.optimiser.epochs,
+            self.rank.world_size,
+            start,
+            limit=config.optimiser.max_steps,
         )
-        if config.optimiser.max_steps is not None:
-            self.total_steps = min(self.total_steps, config.optimiser.max_steps)
 
     def plan(self, epoch: int) -> list[list[int]]:
         """The epoch's batches (sample indices). Only the latest epoch's plan is kept, so

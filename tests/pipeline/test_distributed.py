@@ -179,3 +179,28 @@ def test_planned_steps_from_a_checkpoint_at_the_same_count_equal_the_whole_plan(
     assert planned_steps(plan, 3, 1, at_two) == 3 + 3 + 8
     assert planned_steps(plan, 3, 4, at_two) == 3 + 0 + 2
     assert planned_steps(plan, 1, 2, at_two) == 3  # epochs cut below the position
+
+
+def test_planned_steps_under_a_limit_plan_only_the_epochs_it_reaches() -> None:
+    """`--epochs 1000 --max-steps N` plans the epochs up to step N and no further (a
+    thousand epochs' plans held a run's first step back by minutes); the count is the
+    unlimited one capped at N, from the start and from a checkpoint."""
+    planned: list[int] = []
+
+    def plan(epoch: int) -> list[list[int]]:
+        planned.append(epoch)
+        return [[i] for i in range(7 + epoch % 3)]
+
+    for world in (1, 2):
+        whole = planned_steps(plan, 40, world)
+        for limit in (1, 7, 8, 20, whole, whole + 5):
+            planned.clear()
+            assert planned_steps(plan, 40, world, limit=limit) == min(whole, limit)
+            covered = sum((7 + e % 3) // world for e in planned[:-1])
+            assert covered < limit or limit >= whole, (world, limit, planned)
+            at_epoch_one = TrainState(3, 1, [0, 1, 2], 0, "r")
+            resumed = planned_steps(plan, 40, world, at_epoch_one)
+            assert planned_steps(plan, 40, world, at_epoch_one, limit) == min(resumed, limit)
+    planned.clear()
+    planned_steps(plan, 1000, 1, limit=20)
+    assert planned == [0, 1, 2]  # 7 + 8 + 9 steps reach 20
