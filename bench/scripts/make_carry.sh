@@ -218,8 +218,13 @@ make_full() {
   git reset -q -- "$EXPORT"
   sed -i "\|^/$EXPORT\$|d" "$EXCLUDE"
   if grep -qF "$HOOK_MARK" "$HOOK" 2>/dev/null; then rm -f "$HOOK"; fi
-  export_tracked && git diff --quiet -- "$EXPORT" &&
+  export_tracked || { echo "make_carry: $EXPORT is not tracked after the reset" >&2; return 1; }
+  # A new export (a run that beat the committed one) is the one case where it differs.
+  if git diff --quiet -- "$EXPORT"; then
     echo "full: the export is tracked again and unchanged"
+  else
+    echo "full: the export is tracked again, changed since HEAD (a new export: commit it with its result.json)"
+  fi
 }
 
 stages=("$@")

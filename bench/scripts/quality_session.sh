@@ -347,13 +347,16 @@ stage_unpack() {
     || { log "unpack: a part's sum differs"; return 1; }
   # data27 is the study's set, $W/data; any other pack (a second set, PACK=data27s1 after
   # `PREP_SEED=1 ... data pack`) lands in $W/$PACK, so its data/ is $W/$PACK/data, for
-  # TRAIN_FLAGS="--data-dir $W/$PACK/data" (train takes the flag again, one set each)
-  local into=$W
-  if [ "$PACK" = data27 ]; then rm -rf "$W/data"; else into=$W/$PACK && rm -rf "$into" && mkdir -p "$into"; fi
+  # TRAIN_FLAGS="--data-dir $W/$PACK/data" (train takes the flag again, one set each).
+  # AS_DATA=1 makes another pack the data stage's set ($W/data), for a session whose sets
+  # are all data27sK: `train` needs $W/data, and the others join with --data-dir.
+  local into=$W as_data=
+  [ "$PACK" = data27 ] || [ -n "${AS_DATA:-}" ] && as_data=1
+  if [ -n "$as_data" ]; then rm -rf "$W/data"; else into=$W/$PACK && rm -rf "$into" && mkdir -p "$into"; fi
   cat "$dir/$PACK".tar.xz.part-* | xz_pipe -d | tar -C "$into" -xvf - >"$dir/unpacked.txt" \
     || { log "unpack failed"; return 1; }
   touch "$W/$PACK.done"
-  if [ "$PACK" = data27 ]; then
+  if [ -n "$as_data" ]; then
     touch "$W/data.done"
     log "unpack: $W/data, $(du -sb "$W/data" | cut -f1) bytes: $(python3 -c "import json;print(json.load(open('$W/prepare.json'))['stats'])")"
   else
