@@ -79,8 +79,8 @@ def planned_steps(
 
     if start is None:
         total, first = 0, 0
-    elif start.epoch >= epochs:
-        return start.step if limit is None else min(start.step, limit)
+    elif start.epoch >= epochs:  # nothing left to plan
+        total, first = start.step, epochs
     else:
         done = set(start.consumed)
         total = start.step + steps_of([p for p in range(len(plan(start.epoch))) if p not in done])
