@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -247,6 +248,49 @@ def test_lineage_counts_each_hops_steps_after_the_ones_before(tmp_path: Path) ->
     assert [p["step"] for p in lineage[0]["curve"]] == [100, 200]  # no tau: not a point
     assert lineage[1]["init_from"] == "r1"
     assert (tmp_path / "out" / "lineage.png").stat().st_size > 0
+    # two stars make a line through both; one makes none
+    fit = json.loads((tmp_path / "out" / "fit.json").read_text())
+    assert fit["residuals"] == {"run1": 0.0, "run2": 0.0} and fit["steps_for_goal"] is None
+    done = subprocess.run(argv[:3] + argv[4:], cwd=REPO, env=_env(), capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "out" / "fit.json").read_text()) is None
     argv[3] = f"run2={tmp_path / 'missing'}"
     done = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "missing/result.json: unreadable" in done.stderr
+
+
+def test_lineage_fits_tau_to_the_log_of_total_steps_and_places_the_goal(tmp_path: Path) -> None:
+    # Three hops whose 40 x 256 tau lies on 1 + 0.5 ln(steps) but one, 0.03 above: the line,
+    # each hop's residual, and where the line reaches --goal (1 + 0.5 ln 6400: 6,400 steps,
+    # 4,800 past the last hop's end). A hop without a 40 x 256 figure is not a point.
+    ends = {"h1": 100, "h2": 400, "h3": 1600}
+    start = 0
+    for name, end in ends.items():
+        lift = 0.03 if name == "h2" else 0.0
+        result = {"steps": end - start, "tau": 1 + 0.5 * math.log(end) + lift}
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "result.json").write_text(json.dumps(result))
+        start = end
+    (tmp_path / "h4").mkdir()
+    (tmp_path / "h4" / "result.json").write_text(json.dumps({"steps": 0, "tau": None}))
+    goal = 1 + 0.5 * math.log(6400)
+    hop_args = [f"{n}={tmp_path / n}" for n in [*ends, "h4"]]
+    argv = [sys.executable, "bench/quality/lineage.py", *hop_args, "--out", str(tmp_path / "out"),
+            "--goal", str(goal)]  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    fit = json.loads((tmp_path / "out" / "fit.json").read_text())
+    assert set(fit["residuals"]) == {"h1", "h2", "h3"}
+    # least squares through (ln 100, 0), (ln 400, 0.03), (ln 1600, 0): the middle point lifts
+    # the line by 0.01 and leaves the slope at 0.5
+    assert fit["slope"] == pytest.approx(0.5, abs=1e-4)
+    assert fit["intercept"] == pytest.approx(1.01, abs=1e-4)
+    assert fit["residuals"] == pytest.approx({"h1": -0.01, "h2": 0.02, "h3": -0.01}, abs=1e-4)
+    assert fit["max_abs_residual"] == pytest.approx(0.02, abs=1e-4)
+    assert fit["per_doubling"] == pytest.approx(0.5 * math.log(2), abs=1e-4)
+    # the line sits 0.01 above the exact one, so it reaches the goal a little sooner
+    expected = 6400 * math.exp(-0.01 / 0.5)
+    assert fit["steps_for_goal"] == pytest.approx(expected, abs=2)
+    assert fit["more_steps"] == pytest.approx(expected - 1600, abs=2)
+    assert (tmp_path / "out" / "lineage.png").read_bytes().startswith(PNG_MAGIC)

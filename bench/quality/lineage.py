@@ -8,13 +8,18 @@ hop began, in one PNG, with each hop's 40 x 256 figure at its end.
 Each hop is a quality result dir (its result.json, as write_result.py writes it): the in-run
 evaluations (`heldout_tau_curve`: 10 prompts x 128, bf16) and the hop's own `steps` and
 `tau`. Hops are named in order; a hop's steps are counted after the hops before it.
-Writes lineage.json and lineage.png.
+Writes lineage.json and lineage.png, and fit.json: the hops' 40 x 256 tau against the log of
+the drafter's total steps at each hop's end, a least-squares line (the runs of 2026-12-07 sat
+within 0.004 of one), with the steps it puts at --goal. A planning figure, not a law: the
+line may bend, so each new hop is the check.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +54,38 @@ def hops(named: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def plot(lineage: list[dict[str, Any]], path: Path) -> bool:
+def log_fit(lineage: list[dict[str, Any]], goal: float | None) -> dict[str, Any] | None:
+    """tau_40x256 = intercept + slope * ln(total steps), over the hops that have both; None
+    below two such hops. `steps_for_goal` is where the line reaches goal (None when it never
+    rises to it), `more_steps` how far that is past the last hop's end."""
+    points = [(h["name"], h["end"], h["tau_40x256"]) for h in lineage]
+    points = [(n, s, t) for n, s, t in points if t is not None and s > 0]
+    if len(points) < 2:
+        return None
+    logs = [math.log(s) for _, s, _ in points]
+    slope, intercept = statistics.linear_regression(logs, [t for _, _, t in points])
+    residuals = {
+        n: round(t - (intercept + slope * x), 4) for (n, _, t), x in zip(points, logs, strict=True)
+    }
+    fit: dict[str, Any] = {
+        "form": "tau_40x256 = intercept + slope * ln(total steps)",
+        "slope": round(slope, 4),
+        "intercept": round(intercept, 4),
+        "per_doubling": round(slope * math.log(2), 4),
+        "max_abs_residual": max(abs(r) for r in residuals.values()),
+        "residuals": residuals,
+        "goal": goal,
+        "steps_for_goal": None,
+        "more_steps": None,
+    }
+    if goal is not None and slope > 0:
+        steps = math.exp((goal - intercept) / slope)
+        fit["steps_for_goal"] = round(steps)
+        fit["more_steps"] = max(0, round(steps - lineage[-1]["end"]))
+    return fit
+
+
+def plot(lineage: list[dict[str, Any]], fit: dict[str, Any] | None, path: Path) -> bool:
     try:
         import matplotlib
 
@@ -70,6 +106,19 @@ def plot(lineage: list[dict[str, Any]], path: Path) -> bool:
             )  # fmt: skip
         if hop["start"]:
             ax.axvline(hop["start"], color="grey", linestyle=":", linewidth=1)
+    if fit is not None:
+        # the line through the stars, drawn on to where it meets the goal if that is within
+        # twice the steps so far (further out, the hops would be squeezed to the left)
+        first = min(h["end"] for h in lineage if h["end"] > 0)
+        end = lineage[-1]["end"]
+        last = max(end, min(fit["steps_for_goal"] or 0, 2 * end))
+        xs = [first + (last - first) * i / 100 for i in range(101)]
+        ax.plot(
+            xs, [fit["intercept"] + fit["slope"] * math.log(x) for x in xs], "--", color="grey",
+            label=f"fit: {fit['intercept']:.3f} + {fit['slope']:.3f} ln(steps)",
+        )  # fmt: skip
+        if fit["steps_for_goal"] and fit["steps_for_goal"] <= last:
+            ax.axhline(fit["goal"], color="black", linestyle=":", linewidth=1)
     ax.set_xlabel("steps since the first hop began")
     ax.set_ylabel("held-out τ (tokens per draft-verify round)")
     ax.set_title("One drafter over several runs (train --init-from)")
@@ -84,12 +133,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("hop", nargs="+", help="NAME=RESULT_DIR, first hop first")
     parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--goal", type=float, help="the 40 x 256 tau to place on the fit")
     args = parser.parse_args()
     lineage = hops(args.hop)
+    fit = log_fit(lineage, args.goal)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "lineage.json").write_text(json.dumps(lineage, indent=1) + "\n", encoding="utf-8")
-    drawn = plot(lineage, args.out / "lineage.png")
-    print(json.dumps({"hops": [h["name"] for h in lineage], "png": drawn}))
+    (args.out / "fit.json").write_text(json.dumps(fit, indent=1) + "\n", encoding="utf-8")
+    drawn = plot(lineage, fit, args.out / "lineage.png")
+    print(json.dumps({"hops": [h["name"] for h in lineage], "png": drawn, "fit": fit}))
     return 0
 
 
