@@ -274,6 +274,16 @@ def test_lineage_fits_tau_to_the_log_of_total_steps_and_places_the_goal(tmp_path
         start = end
     (tmp_path / "h4").mkdir()
     (tmp_path / "h4" / "result.json").write_text(json.dumps({"steps": 0, "tau": None}))
+    # ...and two stars at one step make no line (a 0-step hop, measured again)
+    (tmp_path / "again").mkdir()
+    (tmp_path / "again" / "result.json").write_text(json.dumps({"steps": 0, "tau": 1.0}))
+    one_end = [sys.executable, "bench/quality/lineage.py", f"h1={tmp_path / 'h1'}",
+               f"again={tmp_path / 'again'}", "--out", str(tmp_path / "one_end")]  # fmt: skip
+    done = subprocess.run(
+        one_end, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "one_end" / "fit.json").read_text()) is None
     goal = 1 + 0.5 * math.log(6400)
     hop_args = [f"{n}={tmp_path / n}" for n in [*ends, "h4"]]
     argv = [sys.executable, "bench/quality/lineage.py", *hop_args, "--out", str(tmp_path / "out"),

@@ -56,13 +56,13 @@ def hops(named: list[str]) -> list[dict[str, Any]]:
 
 def log_fit(lineage: list[dict[str, Any]], goal: float | None) -> dict[str, Any] | None:
     """tau_40x256 = intercept + slope * ln(total steps), over the hops that have both; None
-    below two such hops. `steps_for_goal` is where the line reaches goal (None when it never
-    rises to it), `more_steps` how far that is past the last hop's end."""
+    below two such hops at distinct steps. `steps_for_goal` is where the line reaches goal
+    (None when it never rises to it), `more_steps` how far that is past the last hop's end."""
     points = [(h["name"], h["end"], h["tau_40x256"]) for h in lineage]
     points = [(n, s, t) for n, s, t in points if t is not None and s > 0]
-    if len(points) < 2:
-        return None
     logs = [math.log(s) for _, s, _ in points]
+    if len(set(logs)) < 2:  # a line needs two distinct ends (a 0-step hop shares one)
+        return None
     slope, intercept = statistics.linear_regression(logs, [t for _, _, t in points])
     residuals = {
         n: round(t - (intercept + slope * x), 4) for (n, _, t), x in zip(points, logs, strict=True)
