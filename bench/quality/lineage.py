@@ -93,7 +93,7 @@ def plot(lineage: list[dict[str, Any]], fit: dict[str, Any] | None, path: Path) 
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    fig, ax = plt.subplots(figsize=(10.5, 4.5), dpi=110)
     for hop in lineage:
         line = ax.plot(
             [p["step"] for p in hop["curve"]], [p["tau"] for p in hop["curve"]], "o-",
@@ -123,7 +123,8 @@ def plot(lineage: list[dict[str, Any]], fit: dict[str, Any] | None, path: Path) 
     ax.set_ylabel("held-out τ (tokens per draft-verify round)")
     ax.set_title("One drafter over several runs (train --init-from)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    # beside the axes: two entries a hop would cover the newest hops inside them
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path)
     return True

@@ -133,6 +133,8 @@ CALLS=(
   "slim quality carry: .whl15 .weights15/p3/part-aa .weights15/p3/part-ab .weights15/p3/part-ac"
   "slim quality data pack send: .weights15/p3/part-ad .weights15/p3/part-ae .weights15/p3/part-af .weights15/gguf.sha256"
   "slim quality unpack train: bench/results/quality_smollm2/export/model.safetensors .data27"
+  "slim quality unpack, three sets in one call: .data27s4 .data27s5 .data27s6"
+  "slim quality train: bench/results/quality_smollm2/export/model.safetensors"
 )
 EXPORT=bench/results/quality_smollm2/export/model.safetensors
 HOOK=$(git rev-parse --git-path hooks)/pre-commit
