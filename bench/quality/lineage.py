@@ -123,7 +123,7 @@ def plot(lineage: list[dict[str, Any]], fit: dict[str, Any] | None, path: Path) 
     ax.set_ylabel("held-out τ (tokens per draft-verify round)")
     ax.set_title("One drafter over several runs (train --init-from)")
     ax.grid(alpha=0.3)
-    # beside the axes: two entries a hop would cover the newest hops inside them
+    # beside the axes: inside them, two entries a hop covered the newest hop's curve
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path)
