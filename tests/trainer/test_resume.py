@@ -15,7 +15,15 @@ import subprocess
 from pathlib import Path
 
 import datasets
-from train_process import losses_by_step, run_train, start_train, status_lines, train_argv, wait_for
+from train_process import (
+    losses_by_step,
+    lrs_by_step,
+    run_train,
+    start_train,
+    status_lines,
+    train_argv,
+    wait_for,
+)
 
 # A randomly initialised tiny target (seeded, so identical in every process) keeps the three
 # processes quick; the lifecycle under test does not depend on the target's weights.
@@ -117,3 +125,39 @@ def _interrupt_and_resume(
     evals = [ln for ln in lines if ln.kind == "event" and ln["code"] == "eval"]
     assert [e["step"] for e in evals][:: len(evals) - 1] == [3, STEPS], evals
     assert all(e["tau_tf"] is not None for e in evals), "the teacher-forced pass ran"
+
+
+def test_a_resume_with_more_max_steps_follows_the_longer_schedule(
+    tmp_path: Path, prepared_data_dir: Path
+) -> None:
+    # How a device session sizes one schedule over several calls (bench/README.md): the
+    # first call's steps/s decides the steps, and the next call resumes with that
+    # --max-steps. From the resumed step the learning rate is the longer cosine's, as for a
+    # run planned that long from the start, not the shorter one's, which has ended.
+    short, longer = 4, 8
+    common = ("--pipeline", "sync", "--save-every", "0", "--epochs", "20", "--seed", "7")
+    grown = tmp_path / "grown"
+    argv = train_argv(TARGET, prepared_data_dir, grown, "--run-id", "grown", *common)
+    done = run_train([*argv, "--max-steps", str(short)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = status_lines(grown)
+    assert first[-1]["reason"] == "completed" and first[-1]["step"] == short
+    more = run_train([*argv, "--max-steps", str(longer), "--resume-from", "latest"])
+    assert more.returncode == 0, more.stderr[-3000:]
+    second = status_lines(grown)[len(first) :]
+    start = second[0]
+    assert start.kind == "run_start" and start["start_step"] == short
+    assert start["total_steps"] == longer
+    assert second[-1]["reason"] == "completed" and second[-1]["step"] == longer
+
+    whole = tmp_path / "whole"
+    planned = train_argv(TARGET, prepared_data_dir, whole, "--max-steps", str(longer), *common)
+    done = run_train(planned)
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = lrs_by_step(status_lines(whole))
+    got = lrs_by_step(second)
+    assert sorted(got) == list(range(short + 1, longer + 1))
+    for step in got:
+        assert math.isclose(got[step], expected[step], rel_tol=1e-9), (step, got, expected)
+    # The short cosine only fell, to its end at step 4; the longer one is higher there.
+    assert got[short + 1] > lrs_by_step(first)[short], (first, got)

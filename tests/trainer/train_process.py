@@ -104,3 +104,7 @@ def wait_for(
 
 def losses_by_step(lines: Sequence[protocol.StatusLine]) -> dict[int, float]:
     return {line["step"]: line["loss"] for line in lines if line.kind == "step"}
+
+
+def lrs_by_step(lines: Sequence[protocol.StatusLine]) -> dict[int, float]:
+    return {line["step"]: line["lr"] for line in lines if line.kind == "step"}
