@@ -21,37 +21,36 @@ import math
 from pathlib import Path
 from typing import Any
 
+from dflash_train.pipeline.split_plan import read_stream
+from dflash_train.protocol import StatusLine
+
 COMPILE_CODES = ("compiling", "compiled", "compile_failed")
 
 
-def read_stream(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-
-
-def call_figures(lines: list[dict[str, Any]], call_s: float) -> dict[str, Any]:
+def call_figures(lines: list[StatusLine], call_s: float) -> dict[str, Any]:
     """The call's run (its last `run_start` on): steps, rate, start-up, kernels, events."""
-    starts = [i for i, line in enumerate(lines) if line.get("kind") == "run_start"]
+    starts = [i for i, line in enumerate(lines) if line.kind == "run_start"]
     if not starts:
         raise SystemExit("call_rate: no run_start in the stream")
     run = lines[starts[-1] :]
     start = run[0]
-    steps = [line for line in run if line.get("kind") == "step"]
+    steps = [line for line in run if line.kind == "step"]
     if len(steps) < 2:
         raise SystemExit(f"call_rate: {len(steps)} step lines, two needed for a rate")
     first, last = steps[0], steps[-1]
-    rate = (last["step"] - first["step"]) / (last["t"] - first["t"])
-    ends = [line for line in run if line.get("kind") == "run_end"]
+    rate = (last["step"] - first["step"]) / (last.t - first.t)
+    ends = [line for line in run if line.kind == "run_end"]
     reached = ends[-1]["step"] if ends else last["step"]
     trained = reached - start.get("start_step", 0)
     completed = bool(ends) and ends[-1]["reason"] == "completed"
-    events = [line for line in run if line.get("kind") == "event"]
+    events = [line for line in run if line.kind == "event"]
     return {
         "start_step": start.get("start_step", 0),
         "reached": reached,
         "steps_per_s": round(rate, 3),
         # a run that completed before TRAIN_END_S says nothing of the time a call loses
         "start_up_s": None if completed else round(call_s - trained / rate, 1),
-        "first_step_after_run_start_s": round(first["t"] - start["t"], 1),
+        "first_step_after_run_start_s": round(first.t - start.t, 1),
         "end": ends[-1]["reason"] if ends else None,
         "kernels": {
             k: (start.get("kernels") or {}).get(k) for k in ("drafter_layers", "target_layers")
@@ -85,7 +84,7 @@ def main() -> int:
     args = parser.parse_args()
     try:
         lines = read_stream(args.stream)
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise SystemExit(f"call_rate: {args.stream}: unreadable ({exc})") from None
     figures = call_figures(lines, args.call_s)
     figures["schedule"] = schedule(figures, args.next_s)
