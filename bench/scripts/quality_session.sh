@@ -467,6 +467,11 @@ study_queue() {  # study_queue DEVICE STEPS EVERY THREADS NAME...: the variants,
     left=$((${STUDY_END_S:-540} - SECONDS))
     if [ $left -lt 60 ]; then log "study $n: ${left}s left in this call, not started"; continue; fi
     run=$W/study/$n
+    # A variant that completed without its .done (its process died after run_end) would be
+    # refused by `train` (nothing to train at its --max-steps) on every later call.
+    if [ -d "$run/checkpoints/$n/step_$(printf %07d "$steps")" ]; then
+      touch "$run.done" && log "study $n: completed earlier" && continue
+    fi
     data=$W/data_x1
     [[ " $STUDY_X2 " == *" $n "* ]] && data=$W/data
     log "study $n on $g: $data, to step $steps, eval every $every, ${left}s"
@@ -592,12 +597,29 @@ stage_train() {
   # STEPS: one schedule over several calls (each stops at TRAIN_END_S with a checkpoint,
   # the next resumes it); otherwise what fits this call at STEP_S seconds a step.
   steps=${STEPS:-$(python3 -c "print($start + max(50, int(($train_s - 35) / ${STEP_S:-0.145})))")}
+  if [ -n "$newest" ] && [ "$start" -ge "$steps" ]; then
+    # The schedule ended in an earlier call (session 40: a resume at its end trained nothing
+    # and wrote no checkpoint, so its run had nothing to export): measure that run instead.
+    run=${newest%/checkpoints/*}
+    log "train: $newest already reached STEPS=$steps: nothing to train; measuring $run"
+    [ -n "${NO_MEASURE:-}" ] && return 0
+    export_and_measure "$run" "${EVAL_END_S:-560}" "$W"/run*/status.jsonl
+    return
+  fi
   log "train: config c ${TRAIN_FLAGS:-}, $run from step $start to $steps in ${train_s}s"
   # shellcheck disable=SC2086  # TRAIN_FLAGS is a list of flags
   SAVE=${SAVE:-$(((steps - start) / 8))} train c "$W/data" "$run" "$steps" "$train_s" \
     "${resume[@]}" ${TRAIN_FLAGS:-}
-  log "train rc $?"
-  tail -3 "$run.out" | cut -c1-300 >>"$OUT/log.txt"
+  local rc=$?
+  log "train rc $rc"
+  # 0 and 124 (this call's TRAIN_END_S: SIGTERM, a checkpoint) are the usual ends; any other
+  # keeps the output's end, where a crash's Python stack is (session 40's abort, rc 134,
+  # came back as three cut lines and no stack)
+  if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then
+    tail -3 "$run.out" | cut -c1-300 >>"$OUT/log.txt"
+  else
+    grep -v 'Converting and de-quantizing' "$run.out" | tail -60 | cut -c1-400 >>"$OUT/log.txt"
+  fi
   cp "$run/status.jsonl" "$OUT/train$n.status.jsonl"
   grep '"kind": *"step"' "$run/status.jsonl" | tail -1 | cut -c1-600 >>"$OUT/log.txt"
   [ -n "${NO_MEASURE:-}" ] && return 0  # a later call resumes, trains on and measures

@@ -113,6 +113,43 @@ def resolve_resume(spec: str, root: Path, run_id: str) -> Path | None:
     return checkpoints.resolve_resume(spec, root)
 
 
+def nothing_to_train(path: Path, max_steps: int | None) -> str | None:
+    """Why resuming checkpoint `path` under `max_steps` would train nothing (None: it has
+    steps left, or no --max-steps caps it). Read from its trainer_state.json alone, so the
+    trainer refuses at once, before any model loads, and a launch or restart before anything
+    starts or stops: a run resumed at its schedule's end loaded the target and drafter only
+    to end `completed` with no checkpoint or export of its own."""
+    if max_steps is None:
+        return None
+    try:
+        step = checkpoints.read_state(path).step
+    except (OSError, ValueError, TypeError):
+        return None  # an unreadable state is the resume's own error, reported where it loads
+    if not isinstance(step, int) or step < max_steps:
+        return None
+    where = "at" if step == max_steps else "past"
+    return (
+        f"resume_from: checkpoint {path} is at step {step}, already {where} --max-steps "
+        f"{max_steps}: nothing to train (raise --max-steps to train on, or export it: "
+        f"dflash-train export {path} --out DIR)"
+    )
+
+
+def resume_refusal(config: TrainConfig, root: Path) -> str | None:
+    """nothing_to_train for the checkpoint `--resume-from` names in a run whose checkpoints
+    are under `root` (RUN_DIR/checkpoints); a resume point that does not resolve is left to
+    the trainer's own report of it, and `latest` without a run id is a fresh run's, which
+    has no checkpoint."""
+    spec, run_id = config.run.resume_from, config.run.run_id
+    if spec is None or config.optimiser.max_steps is None or (spec == "latest" and not run_id):
+        return None
+    try:
+        path = resolve_resume(spec, root, run_id or "")
+    except ValueError:
+        return None
+    return None if path is None else nothing_to_train(path, config.optimiser.max_steps)
+
+
 # -- compatibility ------------------------------------------------------------------------
 
 

@@ -31,6 +31,17 @@ def run(args: argparse.Namespace) -> int:
         # The GPU's capability and torchao are checked when the target loads.
         print(f"dflash-train train: {off_cuda_refusal('cpu')}", file=sys.stderr)
         return 2
+    from dflash_train.checkpoint.layout import resume_refusal
+    from dflash_train.rundir import RunDir
+
+    # A checkpoint already at --max-steps: refused as a bad argument, before the run dir's
+    # lock, its stream or any model (the run would end at once, trained and saved nothing).
+    refusal = resume_refusal(
+        resolved.config, RunDir.at(resolved.config.train.output_dir).checkpoints
+    )
+    if refusal is not None:
+        print(f"dflash-train train: {refusal}", file=sys.stderr)
+        return 2
     from dflash_train.training.process import train
 
     return train(resolved.config)

@@ -141,6 +141,16 @@ def check_init_from(config: TrainConfig) -> None:
         raise PreflightError("bad_init_from", str(exc)) from None
 
 
+def check_resume_from(run_dir: RunDir, config: TrainConfig) -> None:
+    """--resume-from's checkpoint has steps left under --max-steps (what the trainer checks
+    first): a trainer started on one at its end would exit at once, refused."""
+    from dflash_train.checkpoint.layout import resume_refusal
+
+    refusal = resume_refusal(config, run_dir.checkpoints)
+    if refusal is not None:
+        raise PreflightError("nothing_to_train", refusal)
+
+
 def gpu_indices(devices: Sequence[str] | None) -> list[int]:
     """GPU indices named by a parsed device list ("cpu", "cuda:3")."""
     return sorted({int(d.split(":", 1)[1]) for d in devices or () if d.startswith("cuda:")})
@@ -230,6 +240,7 @@ def preflight_config(
         check_data_dir(spec_parts(spec)[0])
     if config.run.init_from and not config.run.resume_from:
         check_init_from(config)
+    check_resume_from(run_dir, config)
     devices = [*(config.pipeline.target_gpus or ()), *(config.pipeline.drafter_gpus or ())]
     check_gpus(gpu_indices(devices), allow_busy=allow_busy)
     check_output_dir(run_dir)

@@ -178,8 +178,10 @@ def _check_resumable(
     explicit: str | None,
 ) -> protocol.Reply | None:
     """Refuse (before anything is stopped) a resume whose checkpoint was trained with
-    another shape than the new config. With no checkpoint yet, the live run's recorded
-    config stands for the one it will write on SIGTERM."""
+    another shape than the new config, or is already at its max_steps (a restart of a
+    completed run that kept the limit would start a trainer that trains nothing). With no
+    checkpoint yet, the live run's recorded config stands for the one it will write on
+    SIGTERM."""
     wanted = checkpoint_layout.facts_from_config(new)
     candidate = checkpoint_layout.newest_of_run(run_dir.checkpoints, run_id)
     try:
@@ -192,6 +194,11 @@ def _check_resumable(
             saved = checkpoint_layout.facts_from_config(recorded)
             what = f"run {run_id} (no checkpoint yet; its next one)"
         checkpoint_layout.check_compatible(what, saved, wanted)
+        done = None
+        if candidate is not None:
+            done = checkpoint_layout.nothing_to_train(candidate, new.optimiser.max_steps)
+        if done is not None:
+            return protocol.reply_error("restart", "nothing_to_train", done, run_id=run_id)
     except checkpoint_layout.IncompatibleCheckpoint as exc:
         return protocol.reply_error(
             "restart", "incompatible_checkpoint", str(exc), field=exc.field, run_id=run_id

@@ -45,7 +45,10 @@ def run_epochs(run: TrainingRun) -> str:
     gone: no run_end is written)."""
     epochs = run.config.optimiser.epochs
     assert run.source is not None and run.monitor is not None
-    if run.progress.step >= run.total_steps:  # resumed from the run's last checkpoint: nothing left
+    # Resumed with --epochs already reached (a checkpoint of the last epoch's end, or fewer
+    # --epochs than it trained): nothing left. A checkpoint at or past --max-steps never gets
+    # here: `train` refuses it before any model loads (checkpoint/layout.py nothing_to_train).
+    if run.progress.step >= run.total_steps:
         return _finish(run, "completed")
     for epoch in range(run.progress.epoch, epochs):
         if run.progress.epoch != epoch:

@@ -55,6 +55,19 @@ def test_fresh_restart_keeps_the_old_run_and_resume_loads_only_its_own(
     assert is_complete(ckpts / run_a / "step_0000006")
     assert read_json(run_dir / "export" / "dflash_export.json")["run_id"] == run_a
 
+    # A plain restart of the completed run keeps its max_steps: nothing to train, refused
+    # before anything starts (it used to start a trainer that ended at once, and answer ok).
+    six = ckpts / run_a / "step_0000006"
+    stream, record = _stream(run_dir), read_json(run_dir / "run.json")
+    rc, done = cli("restart", str(run_dir), "--wait", "180", timeout=240)
+    assert rc == 1 and done.error_code == "nothing_to_train", done
+    assert done.error == (
+        f"resume_from: checkpoint {six} is at step 6, already at --max-steps 6: nothing to "
+        f"train (raise --max-steps to train on, or export it: dflash-train export {six} "
+        "--out DIR)"
+    )
+    assert _stream(run_dir) == stream and read_json(run_dir / "run.json") == record
+
     # Fresh: a new run id, A's checkpoints untouched, A's export beside them.
     rc, b = cli(
         "restart", str(run_dir), "--fresh", "--wait", "180", "--", "--max-steps", "4",
@@ -108,8 +121,19 @@ def test_fresh_restart_keeps_the_old_run_and_resume_loads_only_its_own(
     assert rc == 0 and stop.ok and stop.data["pid"] == pid, stop
     assert is_complete(ckpts / run_a / "step_0000006")
 
-    # Another run's checkpoint only when named, and the new run says whose it took.
+    # Another run's checkpoint only when named, and the new run says whose it took; a launch
+    # from it with no step left under --max-steps is refused before anything starts.
     a_six = ckpts / run_a / "step_0000006"
+    record = read_json(run_dir / "run.json")
+    rc, refused = cli(
+        "launch", str(run_dir), *env, "--", *TRAIN, "--data-dir", str(prepared_data_dir),
+        "--run-id", "runC", "--resume-from", str(a_six), timeout=120,
+    )  # fmt: skip
+    assert rc == 1 and refused.error_code == "nothing_to_train", refused
+    assert (refused.error or "").startswith(
+        f"resume_from: checkpoint {a_six} is at step 6, already at --max-steps 6: "
+    )
+    assert read_json(run_dir / "run.json") == record and not (ckpts / "runC").exists()
     rc, e = cli(
         "launch", str(run_dir), "--wait", "180", *env, "--", *TRAIN,
         "--data-dir", str(prepared_data_dir), "--run-id", "runC", "--resume-from", str(a_six),

@@ -25,6 +25,8 @@ from train_process import (
     wait_for,
 )
 
+from dflash_train.checkpoint.store import is_complete
+
 # A randomly initialised tiny target (seeded, so identical in every process) keeps the three
 # processes quick; the lifecycle under test does not depend on the target's weights.
 TARGET = "random:tiny"
@@ -161,3 +163,51 @@ def test_a_resume_with_more_max_steps_follows_the_longer_schedule(
         assert math.isclose(got[step], expected[step], rel_tol=1e-9), (step, got, expected)
     # The short cosine only fell, to its end at step 4; the longer one is higher there.
     assert got[short + 1] > lrs_by_step(first)[short], (first, got)
+
+
+def test_a_resume_at_its_max_steps_is_refused_before_anything_loads(
+    tmp_path: Path, prepared_data_dir: Path
+) -> None:
+    # A checkpoint at the end of its schedule resumed with the same --max-steps used to load
+    # the target and drafter, write run_start and end `completed` at once, with no checkpoint
+    # or export of its own: a forgotten --max-steps, now told at once as a bad argument.
+    common = ("--pipeline", "sync", "--save-every", "0", "--epochs", "20", "--seed", "7")
+    first = tmp_path / "first"
+    mine = train_argv(TARGET, prepared_data_dir, first, "--run-id", "first", *common)
+    done = run_train([*mine, "--max-steps", "3"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = status_lines(first)
+    assert lines[-1]["reason"] == "completed" and lines[-1]["step"] == 3
+    end = first / "checkpoints" / "first" / "step_0000003"
+    assert is_complete(end)
+
+    again = tmp_path / "again"
+    argv = train_argv(TARGET, prepared_data_dir, again, "--run-id", "again", *common)
+    refused = run_train([*argv, "--resume-from", str(end), "--max-steps", "3"])
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert refused.stderr.splitlines() == [
+        f"dflash-train train: resume_from: checkpoint {end} is at step 3, already at "
+        "--max-steps 3: nothing to train (raise --max-steps to train on, or export it: "
+        f"dflash-train export {end} --out DIR)"
+    ], refused.stderr[-3000:]
+    # Refused before the run dir was taken: no lock, no stream, no run_start, no model.
+    assert not again.exists()
+    # The same through `latest` in the run's own dir: its stream keeps its last word.
+    refused = run_train([*mine, "--resume-from", "latest", "--max-steps", "2"])
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines()[-1].startswith(
+        f"dflash-train train: resume_from: checkpoint {end} is at step 3, already past "
+        "--max-steps 2: nothing to train"
+    ), refused.stderr[-3000:]
+    assert status_lines(first) == lines
+
+    # One step more from the same checkpoint trains exactly that step and saves it.
+    more = run_train([*argv, "--resume-from", str(end), "--max-steps", "4"])
+    assert more.returncode == 0, more.stderr[-3000:]
+    resumed = status_lines(again)
+    start = next(line for line in resumed if line.kind == "run_start")
+    assert start["start_step"] == 3 and start["resumed_from"] == str(end)
+    assert [line["step"] for line in resumed if line.kind == "step"] == [4]
+    assert resumed[-1].kind == "run_end"
+    assert (resumed[-1]["reason"], resumed[-1]["step"]) == ("completed", 4)
+    assert is_complete(again / "checkpoints" / "again" / "step_0000004")
