@@ -1,5 +1,5 @@
 """bench/quality/call_rate.py on the streams session 39's two `train` calls brought back
-(committed in bench/results/quality_smollm2/streams.tar.gz): what the first trained before
+(committed in bench/results/quality_smollm2/run12/streams.tar.gz): what the first trained before
 its SIGTERM, the schedule its rate puts in reach of later calls, a compile that fell back
 said by name, and a completed run that plans nothing more."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-STREAMS = REPO / "bench/results/quality_smollm2/streams.tar.gz"
+STREAMS = REPO / "bench/results/quality_smollm2/run12/streams.tar.gz"
 
 
 def _lines(name: str) -> list[dict[str, Any]]:

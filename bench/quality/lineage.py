@@ -11,7 +11,8 @@ evaluations (`heldout_tau_curve`: 10 prompts x 128, bf16) and the hop's own `ste
 Writes lineage.json and lineage.png, and fit.json: the hops' 40 x 256 tau against the log of
 the drafter's total steps at each hop's end, a least-squares line (the runs of 2026-12-07 sat
 within 0.004 of one), with the steps it puts at --goal. A planning figure, not a law: the
-line may bend, so each new hop is the check.
+line may bend, so each new hop is the check: --recent K fits the last K hops alone too
+(fit.json's `recent`, drawn dash-dotted), which shows a bend the whole line averages away.
 """
 
 from __future__ import annotations
@@ -119,6 +120,17 @@ def plot(lineage: list[dict[str, Any]], fit: dict[str, Any] | None, path: Path) 
         )  # fmt: skip
         if fit["steps_for_goal"] and fit["steps_for_goal"] <= last:
             ax.axhline(fit["goal"], color="black", linestyle=":", linewidth=1)
+        recent = fit.get("recent")
+        if recent is not None:
+            names = recent["hops"]
+            start = next(h["end"] for h in lineage if h["name"] == names[0])
+            far = max(end, min(recent["steps_for_goal"] or 0, 2 * end))
+            xs = [start + (far - start) * i / 100 for i in range(101)]
+            ax.plot(
+                xs, [recent["intercept"] + recent["slope"] * math.log(x) for x in xs], "-.",
+                color="black", label=f"fit of {names[0]}-{names[-1]}: "
+                f"{recent['intercept']:.3f} + {recent['slope']:.3f} ln(steps)",
+            )  # fmt: skip
     ax.set_xlabel("steps since the first hop began")
     ax.set_ylabel("held-out τ (tokens per draft-verify round)")
     ax.set_title("One drafter over several runs (train --init-from)")
@@ -135,9 +147,16 @@ def main() -> int:
     parser.add_argument("hop", nargs="+", help="NAME=RESULT_DIR, first hop first")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--goal", type=float, help="the 40 x 256 tau to place on the fit")
+    parser.add_argument("--recent", type=int, help="also fit the last K hops alone (K >= 2)")
     args = parser.parse_args()
+    if args.recent is not None and args.recent < 2:
+        parser.error(f"--recent: a line needs two hops, got {args.recent}")
     lineage = hops(args.hop)
     fit = log_fit(lineage, args.goal)
+    if fit is not None and args.recent is not None:
+        recent = log_fit(lineage[-args.recent :], args.goal)
+        if recent is not None:
+            fit["recent"] = {"hops": [h["name"] for h in lineage[-args.recent :]], **recent}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "lineage.json").write_text(json.dumps(lineage, indent=1) + "\n", encoding="utf-8")
     (args.out / "fit.json").write_text(json.dumps(fit, indent=1) + "\n", encoding="utf-8")
