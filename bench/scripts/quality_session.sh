@@ -99,6 +99,10 @@ export DFLASH_CACHE_DIR=${DFLASH_CACHE_DIR:-/tmp/dflash-cache}
 # the trainer's GPU defaults).
 export DFLASH_COMPILE_TARGET=${DFLASH_COMPILE_TARGET:-0} DFLASH_ATTENTION=${DFLASH_ATTENTION:-sdpa}
 export DFLASH_COMPILE_DRAFTER=${DFLASH_COMPILE_DRAFTER:-0}
+# A compiled run says in its output why any graph compiled again (train keeps those lines).
+if [ "$DFLASH_COMPILE_TARGET$DFLASH_COMPILE_DRAFTER" != 00 ]; then
+  export TORCH_LOGS=${TORCH_LOGS:-recompiles}
+fi
 # Trainers side by side on one GPU: blocks freed by one can serve another's other sizes.
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 log() { echo "[$SECONDS s] $*" | tee -a "$OUT/log.txt" >&2; }
@@ -622,6 +626,10 @@ stage_train() {
   fi
   cp "$run/status.jsonl" "$OUT/train$n.status.jsonl"
   grep '"kind": *"step"' "$run/status.jsonl" | tail -1 | cut -c1-600 >>"$OUT/log.txt"
+  # TORCH_LOGS=recompiles (set below for compiled runs): why a graph compiled again. Session
+  # 40's compiled the drafter's attention_inputs twice for one printed shape (x's; the
+  # other inputs' sizes are not in the event), ~22 s of its first call.
+  grep -h -A6 'Recompiling function' "$run.out" | cut -c1-300 | head -80 >>"$OUT/log.txt"
   [ -n "${NO_MEASURE:-}" ] && return 0  # a later call resumes, trains on and measures
   export_and_measure "$run" "${EVAL_END_S:-560}" "$W"/run*/status.jsonl
 }
