@@ -43,6 +43,10 @@ def resolve_export_source(path: str | os.PathLike[str]) -> Path:
         if newest is None:
             raise ValueError(f"source: no complete checkpoint under {run.checkpoints}")
         return newest
+    if run.status.is_file() or run.run_json.is_file():
+        # A run that never saved (stopped before its first checkpoint): session 40's export
+        # of one was told it was no run directory at all.
+        raise ValueError(f"source: {source} is a run directory with no checkpoint yet")
     raise ValueError(f"source: {source} is neither a run directory nor a drafter checkpoint")
 
 

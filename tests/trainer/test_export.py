@@ -137,6 +137,7 @@ def test_run_dir_resolves_to_its_newest_complete_checkpoint(tmp_path: Path) -> N
         (lambda p: p / "missing", "is not a directory"),
         (lambda p: p, "neither a run directory nor a drafter checkpoint"),
         (lambda p: (p / "checkpoints").mkdir() or p, "no complete checkpoint"),
+        (lambda p: (p / "status.jsonl").touch() or p, "is a run directory with no checkpoint"),
     ],
 )
 def test_bad_sources_are_named(tmp_path: Path, make, needle: str) -> None:  # type: ignore[no-untyped-def]
