@@ -86,6 +86,21 @@ def log_fit(lineage: list[dict[str, Any]], goal: float | None) -> dict[str, Any]
     return fit
 
 
+def _draw_fit(
+    ax: Any, fit: dict[str, Any], first: float, end: float, style: str, color: str, name: str
+) -> float:
+    """A log_fit line from `first`, drawn on to where it meets the goal if that is within
+    twice the steps so far (further out, the hops would be squeezed to the left); returns
+    where it stops."""
+    last = max(end, min(fit["steps_for_goal"] or 0, 2 * end))
+    xs = [first + (last - first) * i / 100 for i in range(101)]
+    ax.plot(
+        xs, [fit["intercept"] + fit["slope"] * math.log(x) for x in xs], style, color=color,
+        label=f"{name}: {fit['intercept']:.3f} + {fit['slope']:.3f} ln(steps)",
+    )  # fmt: skip
+    return last
+
+
 def plot(lineage: list[dict[str, Any]], fit: dict[str, Any] | None, path: Path) -> bool:
     try:
         import matplotlib
@@ -108,29 +123,16 @@ def plot(lineage: list[dict[str, Any]], fit: dict[str, Any] | None, path: Path) 
         if hop["start"]:
             ax.axvline(hop["start"], color="grey", linestyle=":", linewidth=1)
     if fit is not None:
-        # the line through the stars, drawn on to where it meets the goal if that is within
-        # twice the steps so far (further out, the hops would be squeezed to the left)
         first = min(h["end"] for h in lineage if h["end"] > 0)
-        end = lineage[-1]["end"]
-        last = max(end, min(fit["steps_for_goal"] or 0, 2 * end))
-        xs = [first + (last - first) * i / 100 for i in range(101)]
-        ax.plot(
-            xs, [fit["intercept"] + fit["slope"] * math.log(x) for x in xs], "--", color="grey",
-            label=f"fit: {fit['intercept']:.3f} + {fit['slope']:.3f} ln(steps)",
-        )  # fmt: skip
+        last = _draw_fit(ax, fit, first, lineage[-1]["end"], "--", "grey", "fit")
         if fit["steps_for_goal"] and fit["steps_for_goal"] <= last:
             ax.axhline(fit["goal"], color="black", linestyle=":", linewidth=1)
         recent = fit.get("recent")
         if recent is not None:
             names = recent["hops"]
             start = next(h["end"] for h in lineage if h["name"] == names[0])
-            far = max(end, min(recent["steps_for_goal"] or 0, 2 * end))
-            xs = [start + (far - start) * i / 100 for i in range(101)]
-            ax.plot(
-                xs, [recent["intercept"] + recent["slope"] * math.log(x) for x in xs], "-.",
-                color="black", label=f"fit of {names[0]}-{names[-1]}: "
-                f"{recent['intercept']:.3f} + {recent['slope']:.3f} ln(steps)",
-            )  # fmt: skip
+            label = f"fit of {names[0]}-{names[-1]}"
+            _draw_fit(ax, recent, start, lineage[-1]["end"], "-.", "black", label)
     ax.set_xlabel("steps since the first hop began")
     ax.set_ylabel("held-out τ (tokens per draft-verify round)")
     ax.set_title("One drafter over several runs (train --init-from)")

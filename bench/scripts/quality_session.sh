@@ -628,7 +628,7 @@ stage_train() {
   fi
   cp "$run/status.jsonl" "$OUT/train$n.status.jsonl"
   grep '"kind": *"step"' "$run/status.jsonl" | tail -1 | cut -c1-600 >>"$OUT/log.txt"
-  # TORCH_LOGS=recompiles (set below for compiled runs): why a graph compiled again. Session
+  # TORCH_LOGS=recompiles (set at the top for compiled runs): why a graph compiled again. Session
   # 40's compiled the drafter's attention_inputs twice for one printed shape (x's; the
   # other inputs' sizes are not in the event), ~22 s of its first call.
   grep -h -A6 'Recompiling function' "$run.out" | cut -c1-300 | head -80 >>"$OUT/log.txt"
