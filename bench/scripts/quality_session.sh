@@ -627,6 +627,16 @@ stage_train() {
     grep -v 'Converting and de-quantizing' "$run.out" | tail -60 | cut -c1-400 >>"$OUT/log.txt"
   fi
   cp "$run/status.jsonl" "$OUT/train$n.status.jsonl"
+  # NEXT_S="560 430" (later calls' TRAIN_END_S): the STEPS they can finish at this call's rate
+  # (call_rate.py), in the call's own output, so the next call can start inside the warm
+  # machine's 30 s instead of after a read of the stream here
+  if [ -n "${NEXT_S:-}" ] && [ $rc -eq 124 ]; then
+    local next=() s
+    for s in $NEXT_S; do next+=(--next-s "$s"); done
+    python3 bench/quality/call_rate.py "$OUT/train$n.status.jsonl" --call-s "$train_s" "${next[@]}" \
+      | python3 -c "import json,sys;d=json.load(sys.stdin);print('call_rate:',{k:d.get(k) for k in ('reached','steps_per_s','start_up_s','schedule','warnings')})" \
+      | tee -a "$OUT/log.txt"
+  fi
   grep '"kind": *"step"' "$run/status.jsonl" | tail -1 | cut -c1-600 >>"$OUT/log.txt"
   # TORCH_LOGS=recompiles (set at the top for compiled runs): why a graph compiled again. Session
   # 40's compiled the drafter's attention_inputs twice for one printed shape (x's; the
