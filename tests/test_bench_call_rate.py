@@ -53,6 +53,11 @@ def test_a_signalled_call_gives_its_rate_start_up_and_the_schedule_in_reach(
     rate, start_up = figures["steps_per_s"], figures["start_up_s"]
     after = [math.floor(rate * (s - start_up)) for s in (560, 430)]
     assert figures["schedule"] == 2602 + sum(after)
+    # later calls that start faster than this one (warm compile caches) train more
+    warm = _call_rate(tmp_path, lines, *args, "--next-start-up-s", "20")
+    assert warm["start_up_s"] == figures["start_up_s"]
+    assert warm["schedule"] == 2602 + sum(math.floor(rate * (s - 20)) for s in (560, 430))
+    assert warm["schedule"] > figures["schedule"]
 
 
 def test_a_compile_that_fell_back_is_said_and_a_completed_run_plans_no_more(

@@ -7,7 +7,9 @@ between calls, where a warm machine waits only half a minute for the next one.
 --call-s is this call's TRAIN_END_S; each --next-s a later call's. `start_up_s` is the part of
 the call that trained no step (loading, any compile, the SIGTERM's last step): TRAIN_END_S
 less the steps over the rate (none for a run that completed before it). `schedule` is the
-steps reached plus what each later call trains at this rate after the same start-up: the
+steps reached plus what each later call trains at this rate after the same start-up, or
+after --next-start-up-s where later calls start faster (a compiled run's first call compiles
+cold, a later one on the same machine from warm caches: 59 s against 31 in session 41): the
 `STEPS` to give them (a resume with another --max-steps follows that length's cosine from
 the resumed step). The kernels, compile events and evaluation seconds say whether the rate
 is the kernels' or a stall's.
@@ -65,12 +67,14 @@ def call_figures(lines: list[StatusLine], call_s: float) -> dict[str, Any]:
     }
 
 
-def schedule(figures: dict[str, Any], next_s: list[float]) -> int:
-    """The steps reached plus what each later call trains after the same start-up (a
-    completed run: the steps reached, its schedule done)."""
-    rate, start_up = figures["steps_per_s"], figures["start_up_s"]
-    if start_up is None:
+def schedule(figures: dict[str, Any], next_s: list[float], start_up: float | None = None) -> int:
+    """The steps reached plus what each later call trains after start_up seconds, this
+    call's own by default (a completed run: the steps reached, its schedule done)."""
+    rate = figures["steps_per_s"]
+    if figures["start_up_s"] is None:
         return figures["reached"]
+    if start_up is None:
+        start_up = figures["start_up_s"]
     return figures["reached"] + sum(math.floor(rate * max(0.0, s - start_up)) for s in next_s)
 
 
@@ -81,13 +85,18 @@ def main() -> int:
     parser.add_argument(
         "--next-s", type=float, action="append", default=[], help="a later call's TRAIN_END_S"
     )
+    parser.add_argument(
+        "--next-start-up-s",
+        type=float,
+        help="the seconds a later call trains no step (default: this call's start_up_s)",
+    )
     args = parser.parse_args()
     try:
         lines = read_stream(args.stream)
     except OSError as exc:
         raise SystemExit(f"call_rate: {args.stream}: unreadable ({exc})") from None
     figures = call_figures(lines, args.call_s)
-    figures["schedule"] = schedule(figures, args.next_s)
+    figures["schedule"] = schedule(figures, args.next_s, args.next_start_up_s)
     print(json.dumps(figures, indent=1))
     return 0
 

@@ -633,6 +633,9 @@ stage_train() {
   if [ -n "${NEXT_S:-}" ] && [ $rc -eq 124 ]; then
     local next=() s
     for s in $NEXT_S; do next+=(--next-s "$s"); done
+    # NEXT_START_UP_S: a later call's seconds before its steps, where they are shorter than
+    # this call's (warm compile caches: session 41's second call 31 s, its first 59)
+    [ -n "${NEXT_START_UP_S:-}" ] && next+=(--next-start-up-s "$NEXT_START_UP_S")
     python3 bench/quality/call_rate.py "$OUT/train$n.status.jsonl" --call-s "$train_s" "${next[@]}" \
       | python3 -c "import json,sys;d=json.load(sys.stdin);print('call_rate:',{k:d.get(k) for k in ('reached','steps_per_s','start_up_s','schedule','warnings')})" \
       | tee -a "$OUT/log.txt"
