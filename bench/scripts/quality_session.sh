@@ -641,9 +641,9 @@ stage_train() {
       | tee -a "$OUT/log.txt"
   fi
   grep '"kind": *"step"' "$run/status.jsonl" | tail -1 | cut -c1-600 >>"$OUT/log.txt"
-  # TORCH_LOGS=recompiles (set at the top for compiled runs): why a graph compiled again. Session
-  # 40's compiled the drafter's attention_inputs twice for one printed shape (x's; the
-  # other inputs' sizes are not in the event), ~22 s of its first call.
+  # TORCH_LOGS=recompiles (set at the top for compiled runs): why a graph compiled again.
+  # Session 41's said why the drafter's attention_inputs compiled twice for one printed shape:
+  # inductor's size guard on its fusions, and grad / no-grad inputs as separate graphs.
   grep -h -A6 'Recompiling function' "$run.out" | cut -c1-300 | head -80 >>"$OUT/log.txt"
   [ -n "${NO_MEASURE:-}" ] && return 0  # a later call resumes, trains on and measures
   export_and_measure "$run" "${EVAL_END_S:-560}" "$W"/run*/status.jsonl

@@ -194,10 +194,9 @@ def _check_resumable(
             saved = checkpoint_layout.facts_from_config(recorded)
             what = f"run {run_id} (no checkpoint yet; its next one)"
         checkpoint_layout.check_compatible(what, saved, wanted)
-        done = None
-        if candidate is not None:
-            done = checkpoint_layout.nothing_to_train(candidate, new.optimiser.max_steps)
-        if done is not None:
+        if candidate is not None and (
+            done := checkpoint_layout.nothing_to_train(candidate, new.optimiser.max_steps)
+        ):
             return protocol.reply_error("restart", "nothing_to_train", done, run_id=run_id)
     except checkpoint_layout.IncompatibleCheckpoint as exc:
         return protocol.reply_error(
