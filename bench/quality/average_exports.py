@@ -7,7 +7,8 @@ the end of one cosine schedule begun from the one before (run K+1 = `--init-from
 Each input is an export dir (config.json + model.safetensors); their configs must agree. The
 mean is taken in float32 and written in the first input's dtype, with `dflash_export.json`
 naming every input and its sha256, so `dflash-train eval --drafter OUT` measures it like any
-export. Session 42 measured it on runs 12-14 (results/quality_smollm2/averaging/).
+export. Session 42 measured it on runs 12-14
+(results/quality_smollm2/averaging_cpu_2026-12-07/).
 """
 
 from __future__ import annotations
@@ -21,12 +22,7 @@ from typing import Any
 
 import torch
 
-from dflash_train.checkpoint.export import (
-    config_from_export,
-    export_drafter,
-    load_exported,
-    servable,
-)
+from dflash_train.checkpoint.export import export_drafter, load_exported, servable
 from dflash_train.checkpoint.layout import EXPORT_CONFIG, EXPORT_INFO, EXPORT_WEIGHTS
 from dflash_train.model.drafter import DFlashDrafter
 
@@ -39,28 +35,23 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _config(folder: Path) -> dict[str, Any]:
-    try:
-        return json.loads((folder / EXPORT_CONFIG).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SystemExit(f"average_exports: {folder / EXPORT_CONFIG}: not found") from None
-
-
 def average(out: Path, exports: list[Path]) -> dict[str, Any]:
     """Write the mean of `exports` at `out`; returns what dflash_export.json records."""
     if len(exports) < 2:
         raise SystemExit("average_exports: exports: give at least two")
-    records = [_config(folder) for folder in exports]
-    first = config_from_export(records[0])
-    for folder, record in zip(exports[1:], records[1:], strict=True):
-        other = config_from_export(record)
+    try:
+        drafters = [load_exported(folder) for folder in exports]  # float32 on the CPU
+    except ValueError as exc:  # load_exported's one-line reason, naming the file
+        raise SystemExit(f"average_exports: {exc}") from None
+    first = drafters[0].config
+    for folder, drafter in zip(exports[1:], drafters[1:], strict=True):
+        other = drafter.config
         if other != first:
             field = next(k for k in vars(first) if getattr(first, k) != getattr(other, k))
             raise SystemExit(
                 f"average_exports: {field}: {folder} has {getattr(other, field)!r}, "
                 f"{exports[0]} {getattr(first, field)!r}"
             )
-    drafters = [load_exported(folder) for folder in exports]  # float32 on the CPU
     states = [drafter.state_dict() for drafter in drafters]
     mean = DFlashDrafter(first)
     with torch.no_grad():
@@ -79,7 +70,8 @@ def average(out: Path, exports: list[Path]) -> dict[str, Any]:
     export_drafter(
         mean,
         out,
-        str(records[0].get("dtype", "bfloat16")),
+        # the inputs' dtype, which load_exported's float32 copies no longer carry
+        str(json.loads((exports[0] / EXPORT_CONFIG).read_text("utf-8")).get("dtype", "bfloat16")),
         files={EXPORT_INFO: json.dumps(info, indent=2)},
     )
     return info
