@@ -19,10 +19,12 @@
 #          newest checkpoint of an earlier `train` call, if any), then export, eval of the 40
 #          held-out prompts x 256 (blocks 16 and 8, or those EVAL_BLOCKS names; EVAL_DTYPE,
 #          float32 by default), result.json (EVAL_BF16=1: the export again in bfloat16 at
-#          block 16, within EVAL_END_S + 90 s, for speedup_bf16), and held-out tau of the
+#          block 16, within EVAL_END_S + 90 s or CALL_S - 25 s, CALL_S being the call's
+#          timeout, for speedup_bf16), and held-out tau of the
 #          checkpoints in the time left (NO_CURVE=1: none; with --eval-every in TRAIN_FLAGS
 #          the run's own evaluations are the curve);
-#          the export comes back as export.tar.part-*, the other files in bundle.tar.gz
+#          the export comes back as export.tar.part-* (packed before the evals, so a call
+#          cut at its timeout still brings it back), the other files in bundle.tar.gz
 #   measure  the committed export (bench/results/quality_smollm2/export) decoded by `dflash-train
 #          eval` on the 40 held-out prompts x 256, block 16, in each of MEASURE_DTYPES
 #          (default "bfloat16 float32"): eval_<dtype>.json, issue 27 goal 2's speed-up
@@ -649,22 +651,28 @@ stage_train() {
   export_and_measure "$run" "${EVAL_END_S:-560}" "$W"/run*/status.jsonl
 }
 
-# export_and_measure RUN EVAL_END_S STATUS_STREAM...: export RUN's newest checkpoint, eval it
-# on the held-out prompts (blocks 16 and 8) until EVAL_END_S into the call, the weights'
-# checksum, result.json, then the held-out tau of RUN's checkpoints, newest first, in the
-# time left; bundle_out packs what comes back.
+# export_and_measure RUN EVAL_END_S STATUS_STREAM...: export RUN's newest checkpoint and
+# pack it into $OUT at once, eval it on the held-out prompts (blocks 16 and 8) until
+# EVAL_END_S into the call, result.json, then the held-out tau of RUN's checkpoints, newest
+# first, in the time left; bundle_out packs the rest of what comes back.
 export_and_measure() {
   local run=$1 eval_end=$2
   shift 2
-  rm -rf "$OUT/export"
-  cmd $DT export "$run" --out "$OUT/export" >"$W/export.json" 2>>"$OUT/log.txt"
+  rm -rf "$W/export" "$OUT"/export.tar.part-*
+  cmd $DT export "$run" --out "$W/export" >"$W/export.json" 2>>"$OUT/log.txt"
   cut -c1-400 "$W/export.json" >>"$OUT/log.txt"
+  # The parts go under $OUT before any eval: a call cut at its timeout brings back what $OUT
+  # holds, but no file over 16 MiB (session 43's export, tau 3.017, was lost whole to a
+  # timeout in its bf16 eval, before bundle_out split it).
+  (cd "$W/export" && sha256sum model.safetensors >model.safetensors.sha256)
+  (cd "$W" && tar -cf - export | split -b 15000000 -a 2 - "$OUT/export.tar.part-") \
+    || log "export: its tar failed"
   # EVAL_BLOCKS="16": block 16 alone (issue 27's figure), ~55 s less on an H100 where a
   # short call cannot spare block 8's decode
   local b blocks=()
   for b in ${EVAL_BLOCKS:-16 8}; do blocks+=(--block-size "$b"); done
   cmd timeout -k 5 $((eval_end - SECONDS > 60 ? eval_end - SECONDS : 60)) \
-    $DT eval --target-model smollm2 --drafter "$OUT/export" --prompts builtin "${EVAL_ARGS[@]}" \
+    $DT eval --target-model smollm2 --drafter "$W/export" --prompts builtin "${EVAL_ARGS[@]}" \
     --device "$DEV" "${blocks[@]}" --dtype "${EVAL_DTYPE:-float32}" \
     >"$W/eval.json" 2>>"$OUT/log.txt"
   cut -c1-800 "$W/eval.json" >>"$OUT/log.txt"
@@ -672,12 +680,16 @@ export_and_measure() {
   # carries both of issue 27's figures: tau (fp32, lossless) and the bf16 speed-up.
   rm -f "$W/eval_bf16.json"
   if [ -n "${EVAL_BF16:-}" ]; then
-    cmd timeout -k 5 $((eval_end + 90 - SECONDS > 60 ? eval_end + 90 - SECONDS : 60)) \
-      $DT eval --target-model smollm2 --drafter "$OUT/export" --prompts builtin "${EVAL_ARGS[@]}" \
+    write_result "$@"  # tau's result.json already, should the call end in the bf16 eval
+    # CALL_S (the call's own timeout, optional): the bf16 eval ends 25 s before it, so the
+    # bundle is made (session 43's call, timeout 535 with EVAL_END_S=505, was cut in it)
+    local bf16_end=$((eval_end + 90))
+    [ -n "${CALL_S:-}" ] && [ $((CALL_S - 25)) -lt $bf16_end ] && bf16_end=$((CALL_S - 25))
+    cmd timeout -k 5 $((bf16_end - SECONDS > 60 ? bf16_end - SECONDS : 60)) \
+      $DT eval --target-model smollm2 --drafter "$W/export" --prompts builtin "${EVAL_ARGS[@]}" \
       --device "$DEV" --block-size 16 --dtype bfloat16 >"$W/eval_bf16.json" 2>>"$W/eval_bf16.err"
     cut -c1-400 "$W/eval_bf16.json" >>"$OUT/log.txt"
   fi
-  (cd "$OUT/export" && sha256sum model.safetensors >model.safetensors.sha256)
   write_result "$@"
   # In-run evaluations (train --eval-every) already make the curve; else curve.py decodes
   # with each checkpoint in the time left.
@@ -692,14 +704,10 @@ export_and_measure() {
 
 bundle_out() {
   # What comes back from a call is 8 files at most, 16 MiB each: the export travels as one
-  # tar in 15 MB parts (a 5-layer drafter is ~39 MB), every other file but log.txt and
-  # result.json in one more tar. Here: cat export.tar.part-* | tar -xf -, then
+  # tar in 15 MB parts (a 5-layer drafter is ~39 MB; export_and_measure packs them), every
+  # other file but log.txt and result.json in one more tar. Here: cat export.tar.part-* | tar -xf -, then
   # (cd export && sha256sum -c model.safetensors.sha256).
   local small=() f
-  if [ -d "$OUT/export" ]; then
-    (cd "$OUT" && tar -cf - export | split -b 15000000 -a 2 - export.tar.part- && rm -rf export) \
-      || { log "bundle: the export's tar failed"; return 1; }
-  fi
   for f in "$OUT"/*; do
     case ${f##*/} in log.txt | result.json | export.tar.part-* | bundle.tar.gz) ;; *) small+=("${f##*/}") ;; esac
   done
@@ -712,7 +720,7 @@ write_result() {  # write_result STATUS_STREAM... (a resumed run's stream after 
   for x in "$@"; do args+=(--status "$x"); done
   for x in smoke sweep; do [ -f "$W/$x.json" ] && args+=(--extra "$x=$W/$x.json"); done
   python3 bench/quality/write_result.py --work "$W" --out "$OUT" --commands "$W/commands.txt" \
-    --export-file "$OUT/export/model.safetensors" "${args[@]}" 2>>"$OUT/log.txt" | tee -a "$OUT/log.txt"
+    --export-file "$W/export/model.safetensors" "${args[@]}" 2>>"$OUT/log.txt" | tee -a "$OUT/log.txt"
 }
 
 failed=()
