@@ -20,9 +20,9 @@
 #          held-out prompts x 256 (blocks 16 and 8, or those EVAL_BLOCKS names; EVAL_DTYPE,
 #          float32 by default), result.json (EVAL_BF16=1: the export again in bfloat16 at
 #          block 16, within EVAL_END_S + 90 s or CALL_S - 25 s, CALL_S being the call's
-#          timeout, for speedup_bf16), and held-out tau of the
-#          checkpoints in the time left (NO_CURVE=1: none; with --eval-every in TRAIN_FLAGS
-#          the run's own evaluations are the curve);
+#          timeout, for speedup_bf16), and held-out tau of the checkpoints in the time left
+#          (NO_CURVE=1: none; with --eval-every in TRAIN_FLAGS the run's own evaluations
+#          are the curve);
 #          the export comes back as export.tar.part-* (packed before the evals, so a call
 #          cut at its timeout still brings it back), the other files in bundle.tar.gz
 #   measure  the committed export (bench/results/quality_smollm2/export) decoded by `dflash-train
@@ -705,8 +705,8 @@ export_and_measure() {
 bundle_out() {
   # What comes back from a call is 8 files at most, 16 MiB each: the export travels as one
   # tar in 15 MB parts (a 5-layer drafter is ~39 MB; export_and_measure packs them), every
-  # other file but log.txt and result.json in one more tar. Here: cat export.tar.part-* | tar -xf -, then
-  # (cd export && sha256sum -c model.safetensors.sha256).
+  # other file but log.txt and result.json in one more tar. Here: cat export.tar.part-* |
+  # tar -xf -, then (cd export && sha256sum -c model.safetensors.sha256).
   local small=() f
   for f in "$OUT"/*; do
     case ${f##*/} in log.txt | result.json | export.tar.part-* | bundle.tar.gz) ;; *) small+=("${f##*/}") ;; esac
